@@ -1,0 +1,189 @@
+"""Hugging Face model directory -> ternary checkpoint directory (see docs/quant_format.md)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from . import QUANT_METHOD
+from . import checkpoint as ckpt
+from . import format as fmt
+
+SAMPLE_SENTENCES = [
+    "The quick brown fox jumps over the lazy dog.",
+    "Ternary weights take two bits each, with one scale per block of 128.",
+    "What is the capital of France?",
+    "A vLLM plugin serves embeddings over an OpenAI-compatible API.",
+    "the a of to and in is it that for on with as was at by",
+]
+OUTPUT_WEIGHTS = "model.safetensors"
+# Files that are not weights and travel with the model (tokenizer, sentence-transformers).
+_SKIP_COPY = {"config.json", *ckpt.INDEX_FILES}
+
+
+@dataclass
+class LayerReport:
+    name: str
+    shape: tuple[int, int]
+    rel_error: float  # ||W - W_ternary||_F / ||W||_F
+
+
+@dataclass
+class ConversionReport:
+    src: str
+    dst: str
+    model_type: str
+    block_size: int
+    linear_params: int = 0
+    linear_bytes_before: int = 0
+    linear_bytes_after: int = 0
+    total_bytes_before: int = 0
+    total_bytes_after: int = 0
+    layers: list[LayerReport] = field(default_factory=list)
+    modules_not_converted: list[str] = field(default_factory=list)
+    embedding_cosine: list[float] = field(default_factory=list)
+    seconds: float = 0.0
+
+    @property
+    def bits_per_weight(self) -> float:
+        return 8 * self.linear_bytes_after / max(self.linear_params, 1)
+
+    def summary(self) -> str:
+        errs = [layer.rel_error for layer in self.layers]
+        lines = [
+            f"converted {len(self.layers)} linear layers of {self.model_type} "
+            f"(block_size {self.block_size}) in {self.seconds:.1f} s -> {self.dst}",
+            f"linear weights: {self.linear_bytes_before / 2**20:.2f} MiB -> "
+            f"{self.linear_bytes_after / 2**20:.2f} MiB "
+            f"({self.bits_per_weight:.3f} bits/weight including scales)",
+            f"whole checkpoint: {self.total_bytes_before / 2**20:.2f} MiB -> "
+            f"{self.total_bytes_after / 2**20:.2f} MiB",
+            f"per-layer relative error ||W-Wt||/||W||: min {min(errs):.4f}, "
+            f"mean {sum(errs) / len(errs):.4f}, max {max(errs):.4f}",
+        ]
+        if self.embedding_cosine:
+            c = self.embedding_cosine
+            lines.append(
+                f"embedding cosine, original vs ternary, {len(c)} sample sentences: "
+                f"min {min(c):.4f}, mean {sum(c) / len(c):.4f} (1.0 = unchanged; plain absmean "
+                "quantization of a model not trained for ternary weights lands far below 1)"
+            )
+        if self.modules_not_converted:
+            lines.append(f"kept unconverted (2-D, not in a transformer block): {self.modules_not_converted}")
+        return "\n".join(lines)
+
+    def to_json(self) -> dict:
+        d = asdict(self)
+        d["bits_per_weight"] = self.bits_per_weight
+        return d
+
+
+def convert(
+    *,
+    src: Path,
+    dst: Path,
+    block_size: int = fmt.DEFAULT_BLOCK_SIZE,
+    force: bool = False,
+    quality_check: bool = True,
+    progress: bool = True,
+) -> ConversionReport:
+    """Quantize every linear weight of the transformer blocks of ``src`` into ``dst``."""
+    t0 = time.time()
+    src, dst = Path(src), Path(dst)
+    config = ckpt.read_config(src)
+    mt = ckpt.model_type(config, src)
+    if ckpt.quantization_config(config) is not None:
+        raise ckpt.CheckpointError(f"{src} is already a ternary checkpoint")
+    if dst.exists() and any(dst.iterdir()):
+        if not force:
+            raise FileExistsError(f"{dst} exists and is not empty; pass --force to overwrite it")
+        shutil.rmtree(dst)
+    files = ckpt.weight_files(src)  # a clear error before any work when weights are missing
+    report = ConversionReport(src=str(src), dst=str(dst), model_type=mt, block_size=block_size)
+
+    out: dict[str, torch.Tensor] = {}
+    names = _tensor_names(files)
+    for name, t in tqdm(ckpt.iter_tensors(src), total=len(names), desc="quantizing", unit="tensor", disable=not progress):
+        report.total_bytes_before += t.numel() * t.element_size()
+        module = name[: -len(".weight")] if name.endswith(".weight") else None
+        spec = ckpt.linear_spec(config, module) if module else None
+        if spec is None:
+            if module and t.dim() == 2 and "embed" not in module:
+                report.modules_not_converted.append(module)
+            out[name] = t.contiguous()
+            continue
+        if t.shape[1] != spec.k:
+            raise ckpt.CheckpointError(
+                f"{name}: shape {tuple(t.shape)} but the config says in_features = {spec.k}"
+            )
+        packed, scale = fmt.quantize_ternary(t, block_size)
+        w_t = fmt.dequantize_ternary(packed, scale, spec.k, block_size)
+        rel = float((t.float() - w_t).norm() / t.float().norm().clamp_min(1e-30))
+        report.layers.append(LayerReport(module, tuple(t.shape), rel))
+        report.linear_params += t.numel()
+        report.linear_bytes_before += t.numel() * t.element_size()
+        report.linear_bytes_after += packed.numel() + scale.numel() * 2
+        out[f"{module}.{fmt.PACKED_WEIGHT_SUFFIX}"] = packed
+        out[f"{module}.{fmt.SCALE_SUFFIX}"] = scale
+    if not report.layers:
+        raise ckpt.CheckpointError(f"{src}: no linear layer of the {mt} transformer blocks was found")
+    report.total_bytes_after = sum(t.numel() * t.element_size() for t in out.values())
+
+    dst.mkdir(parents=True, exist_ok=True)
+    from safetensors.torch import save_file
+
+    save_file(out, str(dst / OUTPUT_WEIGHTS), metadata={"format": "pt", "quant_method": QUANT_METHOD})
+    _copy_side_files(src, dst)
+    config["quantization_config"] = {
+        "quant_method": QUANT_METHOD,
+        "format_version": fmt.FORMAT_VERSION,
+        "block_size": block_size,
+        "modules_not_converted": report.modules_not_converted,
+        "codes": {"00": 0, "01": 1, "10": -1, "11": "reserved"},
+        "packing": "4 codes per uint8 along K, first weight in the lowest 2 bits",
+    }
+    (dst / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    if quality_check:
+        report.embedding_cosine = embedding_cosine(src, dst)
+    report.seconds = time.time() - t0
+    (dst / "ternary_conversion_report.json").write_text(json.dumps(report.to_json(), indent=2) + "\n")
+    return report
+
+
+def _tensor_names(files: list[Path]) -> list[str]:
+    from safetensors import safe_open
+
+    names: list[str] = []
+    for f in files:
+        if f.suffix == ".safetensors":
+            with safe_open(str(f), framework="pt") as h:
+                names.extend(h.keys())
+        else:
+            names.append(str(f))  # .bin: count is a guess for the bar only
+    return names
+
+
+def _copy_side_files(src: Path, dst: Path) -> None:
+    weights = {p.resolve() for pattern in ckpt.WEIGHT_FILE_PATTERNS for p in src.glob(pattern)}
+    for p in src.iterdir():
+        if p.name in _SKIP_COPY or p.resolve() in weights or p.name.startswith("."):
+            continue
+        if p.is_dir():
+            shutil.copytree(p, dst / p.name, dirs_exist_ok=True)
+        else:
+            shutil.copy2(p, dst / p.name)
+
+
+def embedding_cosine(src: Path, dst: Path, sentences: list[str] = SAMPLE_SENTENCES) -> list[float]:
+    """Cosine, per sentence, between the original model's and the ternary model's embeddings."""
+    from .reference_model import embed
+
+    a = embed(src, sentences)
+    b = embed(dst, sentences)
+    return [float(x) for x in torch.nn.functional.cosine_similarity(a, b, dim=-1)]

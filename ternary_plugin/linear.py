@@ -1,0 +1,93 @@
+"""``TernaryLinearMethod``: packed weights in memory, exact shards on every TP rank."""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+from vllm.model_executor.layers.linear import LinearMethodBase
+
+from . import compat
+from . import format as fmt
+from .ops import ensure_op_registered, ternary_linear
+from .params import TernaryLoadError, TernaryPackedParameter, TernaryScaleParameter
+
+logger = logging.getLogger("vllm.ternary_plugin")
+
+
+class TernaryLinearMethod(LinearMethodBase):
+    """Linear method for ``quant_method: ternary`` (see docs/quant_format.md)."""
+
+    def __init__(self, quant_config):
+        self.quant_config = quant_config
+
+    def create_weights(
+        self,
+        layer: torch.nn.Module,
+        input_size_per_partition: int,
+        output_partition_sizes: list[int],
+        input_size: int,
+        output_size: int,
+        params_dtype: torch.dtype,
+        **extra_weight_attrs,
+    ):
+        bs = self.quant_config.block_size
+        rank, _ = compat.tp_rank_and_size(layer)
+        n_local = sum(output_partition_sizes)
+        kp = input_size_per_partition
+        # K is split only for row-parallel layers; then this rank starts at rank * Kp.
+        k_start = rank * kp if kp != input_size else 0
+        k_offset = k_start % bs
+        weight_loader = extra_weight_attrs["weight_loader"]
+        layer_name = getattr(layer, "prefix", "") or type(layer).__name__
+        common = dict(layer_name=layer_name, k=input_size, k_start=k_start, kp=kp, block_size=bs, tp_rank=rank)
+
+        # uint8 [N_local, ceil(Kp/4)]: codes of this rank's logical columns, local column 0
+        # in the lowest bits of byte 0 (a row-parallel shard is repacked to start there).
+        packed = TernaryPackedParameter(
+            data=torch.empty(n_local, fmt.packed_cols(kp), dtype=torch.uint8),
+            input_dim=1,
+            output_dim=0,
+            packed_dim=1,
+            packed_factor=fmt.CODES_PER_BYTE,
+            weight_loader=weight_loader,
+        ).bind(**common)
+        # float16 [N_local, ceil((k_offset + Kp)/bs)]: the global blocks this rank touches.
+        scale = TernaryScaleParameter(
+            data=torch.empty(n_local, fmt.scale_cols(kp, bs, k_offset), dtype=torch.float16),
+            input_dim=1,
+            output_dim=0,
+            weight_loader=weight_loader,
+        ).bind(**common)
+        layer.register_parameter(fmt.PACKED_WEIGHT_SUFFIX, packed)
+        layer.register_parameter(fmt.SCALE_SUFFIX, scale)
+        layer.ternary_k_offset = k_offset
+        layer.ternary_block_size = bs
+
+    def process_weights_after_loading(self, layer: torch.nn.Module) -> None:
+        """Refuse a layer whose tensors were not (fully) in the checkpoint, then swap the
+        vLLM parameter subclasses for plain Parameters holding the same bytes (the kernel
+        reads the checkpoint layout as is: no re-layout is needed)."""
+        for suffix in (fmt.PACKED_WEIGHT_SUFFIX, fmt.SCALE_SUFFIX):
+            param = getattr(layer, suffix)
+            if isinstance(param, (TernaryPackedParameter, TernaryScaleParameter)) and param.missing_rows():
+                raise TernaryLoadError(
+                    f"{param.name} (tp rank {param.rank}): {param.missing_rows()} of "
+                    f"{param.data.shape[0]} rows were never loaded: the tensor (or one of its "
+                    "q/k/v or gate/up parts) is missing from the checkpoint"
+                )
+        for suffix in (fmt.PACKED_WEIGHT_SUFFIX, fmt.SCALE_SUFFIX):
+            param = getattr(layer, suffix)
+            setattr(layer, suffix, torch.nn.Parameter(param.data, requires_grad=False))
+        ensure_op_registered()
+
+    def apply(
+        self, layer: torch.nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        packed = layer.packed_ternary_weight  # uint8 [N, ceil(Kp/4)]
+        out_shape = (*x.shape[:-1], packed.shape[0])
+        x2d = x.reshape(-1, x.shape[-1]).contiguous()  # [M, Kp]
+        y = ternary_linear(
+            x2d, packed, layer.weight_scale, bias, layer.ternary_block_size, layer.ternary_k_offset
+        )  # [M, N]
+        return y.reshape(out_shape)

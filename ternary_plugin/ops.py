@@ -1,0 +1,96 @@
+"""The op's Python face: ``ternary_linear`` runs the CUDA kernel where it is built and the
+pure-torch reference everywhere else (CPU, or a CUDA build without the extension).
+
+The CUDA op is ``torch.ops.ternary_serve.gemm`` (declared once in csrc/ternary_ops.cpp);
+its fake implementation lives here so torch.compile and CUDA graphs can trace it.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from . import format as fmt
+
+logger = logging.getLogger("vllm.ternary_plugin")
+
+OP_NAMESPACE = "ternary_serve"
+_state: dict[str, object] = {}
+
+
+def reference_linear(
+    x: torch.Tensor,  # [M, K] any float dtype
+    packed: torch.Tensor,  # uint8 [N, ceil(K/4)]
+    scale: torch.Tensor,  # float16 [N, ceil((k_offset + K)/block_size)]
+    bias: torch.Tensor | None,  # [N] or None
+    block_size: int,
+    k_offset: int = 0,
+) -> torch.Tensor:  # [M, N] in x.dtype
+    """y = x @ W^T (+ bias) with W dequantized in float32 and float32 accumulation.
+
+    The dequantized W is a transient of this call (one layer at a time), never a parameter.
+    """
+    k = x.shape[-1]
+    w = fmt.dequantize_ternary(packed, scale, k, block_size, k_offset, dtype=torch.float32)
+    y = x.float() @ w.t()  # [M, N] fp32
+    if bias is not None:
+        y = y + bias.float()
+    return y.to(x.dtype)
+
+
+def cuda_op_available() -> bool:
+    """Whether the compiled extension is importable (loads it once per process)."""
+    if "available" not in _state:
+        try:
+            import ternary_plugin._C  # noqa: F401  (registers torch.ops.ternary_serve.*)
+
+            _state["available"] = hasattr(torch.ops, OP_NAMESPACE) and hasattr(
+                getattr(torch.ops, OP_NAMESPACE), "gemm"
+            )
+        except ImportError as exc:
+            _state["available"] = False
+            _state["why"] = str(exc)
+    return bool(_state["available"])
+
+
+def _warn_fallback_once() -> None:
+    if not _state.get("warned"):
+        _state["warned"] = True
+        logger.warning(
+            "ternary CUDA kernel not available (%s): using the pure-torch reference path, "
+            "which dequantizes each layer per call and is much slower",
+            _state.get("why", "extension not built"),
+        )
+
+
+def ternary_linear(
+    x: torch.Tensor,  # [M, K]
+    packed: torch.Tensor,
+    scale: torch.Tensor,
+    bias: torch.Tensor | None,
+    block_size: int,
+    k_offset: int = 0,
+) -> torch.Tensor:
+    if x.is_cuda:
+        if cuda_op_available():
+            return torch.ops.ternary_serve.gemm(x, packed, scale, bias, block_size, k_offset)
+        _warn_fallback_once()
+    return reference_linear(x, packed, scale, bias, block_size, k_offset)
+
+
+def _register_fake() -> None:
+    """Shape-only implementation for torch.compile / CUDA-graph capture."""
+    if not cuda_op_available() or _state.get("fake"):
+        return
+
+    @torch.library.register_fake(f"{OP_NAMESPACE}::gemm")
+    def _(x, packed, scale, bias, block_size, k_offset):
+        return x.new_empty((x.shape[0], packed.shape[0]))
+
+    _state["fake"] = True
+
+
+def ensure_op_registered() -> None:
+    """Load the extension (if built) and its fake implementation; idempotent."""
+    _register_fake()
