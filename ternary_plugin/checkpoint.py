@@ -36,27 +36,32 @@ def _attn_width(c: dict) -> int:
     return c["num_attention_heads"] * head_dim
 
 
-# model_type -> [(module-name pattern, split, is a K/V projection, K from config)], gpt-fast
-# style. A pattern matches the module name (the tensor name less ".weight") at its end,
-# after any prefix ("model.", "bert.", ...). K (in_features) comes from the model's config
-# because the packed width, ceil(K/4), cannot tell K within its last byte.
-LINEAR_RULES: dict[str, list[tuple[str, str, bool, Callable[[dict], int]]]] = {
+# model_type -> rules, gpt-fast style: (module-name pattern, split, fused into (vLLM layer
+# name, shard id) or None, K from config). A pattern matches the module name (the tensor name
+# less ".weight") at its end, after any prefix ("model.", "bert.", ...). K (in_features)
+# comes from the model's config because the packed width, ceil(K/4), cannot tell K within
+# its last byte. Fused shards follow vLLM's packed_modules_mapping of each model.
+LINEAR_RULES: dict[str, list[tuple[str, str, tuple[str, str | int] | None, Callable[[dict], int]]]] = {
     "bert": [
-        (r"encoder\.layer\.\d+\.attention\.self\.(query|key|value)", COLUMN, False, _hidden),
-        (r"encoder\.layer\.\d+\.attention\.output\.dense", ROW, False, _hidden),
-        (r"encoder\.layer\.\d+\.intermediate\.dense", COLUMN, False, _hidden),
-        (r"encoder\.layer\.\d+\.output\.dense", ROW, False, _intermediate),
+        (r"encoder\.layer\.\d+\.attention\.self\.query", COLUMN, ("qkv_proj", "q"), _hidden),
+        (r"encoder\.layer\.\d+\.attention\.self\.key", COLUMN, ("qkv_proj", "k"), _hidden),
+        (r"encoder\.layer\.\d+\.attention\.self\.value", COLUMN, ("qkv_proj", "v"), _hidden),
+        (r"encoder\.layer\.\d+\.attention\.output\.dense", ROW, None, _hidden),
+        (r"encoder\.layer\.\d+\.intermediate\.dense", COLUMN, None, _hidden),
+        (r"encoder\.layer\.\d+\.output\.dense", ROW, None, _intermediate),
     ],
     "qwen3": [
-        (r"layers\.\d+\.self_attn\.q_proj", COLUMN, False, _hidden),
-        (r"layers\.\d+\.self_attn\.(k|v)_proj", COLUMN, True, _hidden),
-        (r"layers\.\d+\.self_attn\.o_proj", ROW, False, _attn_width),
-        (r"layers\.\d+\.mlp\.(gate|up)_proj", COLUMN, False, _hidden),
-        (r"layers\.\d+\.mlp\.down_proj", ROW, False, _intermediate),
+        (r"layers\.\d+\.self_attn\.q_proj", COLUMN, ("qkv_proj", "q"), _hidden),
+        (r"layers\.\d+\.self_attn\.k_proj", COLUMN, ("qkv_proj", "k"), _hidden),
+        (r"layers\.\d+\.self_attn\.v_proj", COLUMN, ("qkv_proj", "v"), _hidden),
+        (r"layers\.\d+\.self_attn\.o_proj", ROW, None, _attn_width),
+        (r"layers\.\d+\.mlp\.gate_proj", COLUMN, ("gate_up_proj", 0), _hidden),
+        (r"layers\.\d+\.mlp\.up_proj", COLUMN, ("gate_up_proj", 1), _hidden),
+        (r"layers\.\d+\.mlp\.down_proj", ROW, None, _intermediate),
     ],
 }
 _COMPILED = {
-    mt: [(re.compile(r"(?:^|\.)" + p + r"$"), split, kv, k_of) for p, split, kv, k_of in rules]
+    mt: [(re.compile(r"(?:^|\.)" + p + r"$"), split, fused, k_of) for p, split, fused, k_of in rules]
     for mt, rules in LINEAR_RULES.items()
 }
 WEIGHT_FILE_PATTERNS = ("*.safetensors", "pytorch_model*.bin", "*.pt", "*.pth")
@@ -73,8 +78,21 @@ class LinearSpec:
 
     name: str  # module name, e.g. layers.0.mlp.down_proj
     split: str  # COLUMN (N split) or ROW (K split)
-    is_kv: bool  # K/V projection: replicated when tp > num_key_value_heads
+    fused: tuple[str, str | int] | None  # (vLLM layer name, shard id) when vLLM fuses it
     k: int  # in_features
+
+    @property
+    def is_kv(self) -> bool:
+        """A K/V projection: replicated over ranks when tp > num_key_value_heads."""
+        return self.fused is not None and self.fused[1] in ("k", "v")
+
+    @property
+    def vllm_name(self) -> str:
+        """The name of the vLLM layer that holds this module (itself unless fused)."""
+        if self.fused is None:
+            return self.name
+        parent, _, _ = self.name.rpartition(".")
+        return f"{parent}.{self.fused[0]}" if parent else self.fused[0]
 
 
 def read_config(model_dir: Path) -> dict:
@@ -97,9 +115,9 @@ def model_type(config: dict, model_dir: Path | str = "") -> str:
 
 def linear_spec(config: dict, module: str) -> LinearSpec | None:
     """The rule for ``module`` if it is one of the architecture's ternary linears."""
-    for pattern, split, kv, k_of in _COMPILED[model_type(config)]:
+    for pattern, split, fused, k_of in _COMPILED[model_type(config)]:
         if pattern.search(module):
-            return LinearSpec(module, split, kv, k_of(config))
+            return LinearSpec(module, split, fused, k_of(config))
     return None
 
 

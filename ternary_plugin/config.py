@@ -11,6 +11,7 @@ from vllm.model_executor.layers.quantization.utils.quant_utils import is_layer_s
 
 from . import QUANT_METHOD
 from . import format as fmt
+from .shard import tp_divisibility_errors
 
 # Block sizes the kernel and the reference serve: a multiple of 32 (a warp's worth of
 # codes, so a block never splits a 32-bit word of packed codes when k_offset is 0).
@@ -39,26 +40,6 @@ def check_block_size(block_size: Any) -> int:
             f"multiple of 32 in [{MIN_BLOCK_SIZE}, {MAX_BLOCK_SIZE}] (the format's default is 128)"
         )
     return block_size
-
-
-def tp_divisibility_errors(hf_config: Any, tp: int) -> list[str]:
-    """Every model dimension that tensor_parallel_size ``tp`` does not split evenly."""
-    dims = {
-        "hidden_size": getattr(hf_config, "hidden_size", None),
-        "intermediate_size": getattr(hf_config, "intermediate_size", None),
-        "num_attention_heads": getattr(hf_config, "num_attention_heads", None),
-    }
-    errors = [
-        f"{name} = {value} is not divisible by tensor_parallel_size = {tp}"
-        for name, value in dims.items()
-        if isinstance(value, int) and value % tp
-    ]
-    kv = getattr(hf_config, "num_key_value_heads", None)
-    if isinstance(kv, int) and kv % tp and tp % kv:
-        errors.append(
-            f"num_key_value_heads = {kv} and tensor_parallel_size = {tp}: one must divide the other"
-        )
-    return errors
 
 
 class TernaryConfig(QuantizationConfig):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 
 import torch
-from vllm.model_executor.layers.linear import LinearMethodBase
+from vllm.model_executor.layers.linear import LinearMethodBase, ReplicatedLinear
 
 from . import compat
 from . import format as fmt
@@ -13,6 +13,10 @@ from .ops import ensure_op_registered, ternary_linear
 from .params import TernaryLoadError, TernaryPackedParameter, TernaryScaleParameter
 
 logger = logging.getLogger("vllm.ternary_plugin")
+
+
+def _load_replicated(param, loaded_weight: torch.Tensor) -> None:
+    param.load_replicated(loaded_weight)
 
 
 class TernaryLinearMethod(LinearMethodBase):
@@ -39,6 +43,10 @@ class TernaryLinearMethod(LinearMethodBase):
         k_start = rank * kp if kp != input_size else 0
         k_offset = k_start % bs
         weight_loader = extra_weight_attrs["weight_loader"]
+        if isinstance(layer, ReplicatedLinear):
+            # vLLM hands ReplicatedLinear its v1 loader (a bare copy); route it through the
+            # parameter's checks and load tracking instead.
+            weight_loader = _load_replicated
         layer_name = getattr(layer, "prefix", "") or type(layer).__name__
         common = dict(layer_name=layer_name, k=input_size, k_start=k_start, kp=kp, block_size=bs, tp_rank=rank)
 
@@ -62,6 +70,7 @@ class TernaryLinearMethod(LinearMethodBase):
         layer.register_parameter(fmt.PACKED_WEIGHT_SUFFIX, packed)
         layer.register_parameter(fmt.SCALE_SUFFIX, scale)
         layer.ternary_k_offset = k_offset
+        layer.ternary_k_start = k_start
         layer.ternary_block_size = bs
 
     def process_weights_after_loading(self, layer: torch.nn.Module) -> None:

@@ -87,6 +87,16 @@ class _TernaryTensorMixin:
             ) from exc
         self.mark(*rows)
 
+    def load_replicated(self, loaded_weight: torch.Tensor):
+        """ReplicatedLinear: every rank holds the whole tensor."""
+
+        def copy():
+            if loaded_weight.shape != self.data.shape:
+                raise ShardError(f"shape {tuple(loaded_weight.shape)} != {tuple(self.data.shape)}")
+            self.data.copy_(loaded_weight)
+
+        self._guarded(copy, loaded_weight, (0, self.data.shape[0]))
+
     # -- column-parallel paths: vLLM's own narrowing along N, validated and tracked --------
     def load_column_parallel_weight(self, loaded_weight: torch.Tensor):
         parent = super().load_column_parallel_weight

@@ -23,6 +23,7 @@ All offset arithmetic lives here and checks divisibility instead of truncating.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -44,6 +45,24 @@ def split_evenly(total: int, tp: int, what: str) -> int:
             f"tp sizes that divide it: {divisors}"
         )
     return total // tp
+
+
+def tp_divisibility_errors(hf_config: Any, tp: int) -> list[str]:
+    """Every model dimension that tensor_parallel_size ``tp`` does not split evenly."""
+    get = hf_config.get if isinstance(hf_config, dict) else lambda key: getattr(hf_config, key, None)
+    # vLLM splits heads and the MLP width; hidden_size is never split.
+    dims = {"intermediate_size": get("intermediate_size"), "num_attention_heads": get("num_attention_heads")}
+    errors = [
+        f"{name} = {value} is not divisible by tensor_parallel_size = {tp}"
+        for name, value in dims.items()
+        if isinstance(value, int) and value % tp
+    ]
+    kv = get("num_key_value_heads")
+    if isinstance(kv, int) and kv % tp and tp % kv:
+        errors.append(
+            f"num_key_value_heads = {kv} and tensor_parallel_size = {tp}: one must divide the other"
+        )
+    return errors
 
 
 @dataclass(frozen=True)
