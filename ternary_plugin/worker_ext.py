@@ -1,0 +1,69 @@
+"""A vLLM worker extension (``worker_extension_cls``): what a rank holds, asked through
+``collective_rpc`` by tests, the memory report and the reconciliation job.
+
+Only plain data crosses the process boundary (no pickled callables are needed, so
+VLLM_ALLOW_INSECURE_SERIALIZATION stays off).
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from . import format as fmt
+
+EXTENSION = "ternary_plugin.worker_ext.TernaryWorkerExtension"
+
+
+def ternary_layers(model: torch.nn.Module) -> dict[str, torch.nn.Module]:
+    from .linear import TernaryLinearMethod
+
+    return {
+        name: m for name, m in model.named_modules() if isinstance(getattr(m, "quant_method", None), TernaryLinearMethod)
+    }
+
+
+def layer_report(layer: torch.nn.Module) -> dict:
+    """Bytes and dtypes a ternary layer holds, against the fp16 weight it replaces."""
+    from .ranks import logical_view
+
+    params = dict(layer.named_parameters(recurse=False))
+    float_weights = [
+        n for n, p in params.items() if p.is_floating_point() and n not in (fmt.SCALE_SUFFIX, "bias")
+    ]
+    quant_bytes = sum(params[n].numel() * params[n].element_size() for n in (fmt.PACKED_WEIGHT_SUFFIX, fmt.SCALE_SUFFIX))
+    view = logical_view(layer)
+    n_local = layer.packed_ternary_weight.shape[0]
+    return {
+        "params": {n: [str(p.dtype), list(p.shape)] for n, p in params.items()},
+        "float_weights": float_weights,
+        "quant_bytes": quant_bytes,
+        "fp16_bytes": n_local * view.kp * 2,
+        "rows": n_local,
+        "k_start": view.k_start,
+        "kp": view.kp,
+        "k_offset": layer.ternary_k_offset,
+        "digest": view.digest(),
+    }
+
+
+class TernaryWorkerExtension:
+    """Mixed into vLLM's worker class; methods are called by name via collective_rpc."""
+
+    def _ternary_model(self) -> torch.nn.Module:
+        return self.model_runner.get_model()
+
+    def ternary_report(self) -> dict:
+        from vllm.distributed import get_tensor_model_parallel_rank, get_tensor_model_parallel_world_size
+
+        from . import is_registered
+
+        layers = ternary_layers(self._ternary_model())
+        return {
+            "pid": os.getpid(),
+            "tp_rank": get_tensor_model_parallel_rank(),
+            "tp_size": get_tensor_model_parallel_world_size(),
+            "plugin_loaded": is_registered(),
+            "layers": {name: layer_report(layer) for name, layer in layers.items()},
+        }

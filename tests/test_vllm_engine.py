@@ -1,0 +1,155 @@
+"""Real vLLM engines (CPU, mp backend) serving ternary checkpoints through the plugin.
+
+Each engine runs in a subprocess (scripts/embed.py), as a user would run it. Agreement with
+a transformers forward of the dequantized model: cosine >= 0.9999 per input in float32
+(both sides compute the same logical weights in fp32; what remains is summation order).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from tests.conftest import REPO
+from ternary_plugin.reference_model import embed
+
+pytest.importorskip("vllm")
+pytestmark = pytest.mark.vllm
+
+COS_MIN = 0.9999
+TEXTS = {
+    "tiny_qwen3": ["the a of to and in", "w1 w2 w3 w4 w5 w6 w7 w8 w9 w10 w11", "is"],
+    "tiny_bert": ["the a of to and in", "w1 w2 w3 w4 w5 w6 w7 w8 w9 w10 w11", "is"],
+    "minilm": ["The quick brown fox jumps over the lazy dog.", "What is the capital of France?", "ok"],
+}
+BIND = {1: "0|1", 2: "0|1", 4: "0|1|0|1"}  # one OpenMP thread group per CPU worker
+
+
+def run_embed(model, tp, texts, report=False, env_extra=None, check=True):
+    env = dict(os.environ)
+    env.update(
+        PYTHONPATH=str(REPO), VLLM_CPU_OMP_THREADS_BIND=BIND[tp], VLLM_CPU_KVCACHE_SPACE="1",
+        RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0", TOKENIZERS_PARALLELISM="false",
+    )
+    env.update(env_extra or {})
+    cmd = [sys.executable, str(REPO / "scripts" / "embed.py"), str(model), "--tp", str(tp), *texts]
+    if report:
+        cmd.append("--report")
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
+    if not check:
+        return proc
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    line = next(x for x in proc.stdout.splitlines() if x.startswith("RESULT "))
+    return json.loads(line[len("RESULT "):])
+
+
+def cosines(a, b):
+    return torch.nn.functional.cosine_similarity(torch.tensor(a, dtype=torch.float64), torch.as_tensor(b, dtype=torch.float64), dim=-1)
+
+
+def check_memory(result):
+    """On every rank: quantized layers hold no floating weight, bytes <= 1/7 of fp16."""
+    lines = []
+    for rank in result["ranks"]:
+        assert rank["plugin_loaded"], f"tp rank {rank['tp_rank']} did not load the plugin"
+        assert rank["layers"], f"tp rank {rank['tp_rank']} has no ternary layers"
+        quant = sum(layer["quant_bytes"] for layer in rank["layers"].values())
+        fp16 = sum(layer["fp16_bytes"] for layer in rank["layers"].values())
+        for name, layer in rank["layers"].items():
+            assert layer["float_weights"] == [], f"rank {rank['tp_rank']} {name} holds {layer['float_weights']}"
+            assert layer["params"]["packed_ternary_weight"][0] == "torch.uint8"
+        lines.append(f"tp rank {rank['tp_rank']}: {len(rank['layers'])} ternary layers, {quant} B vs fp16 {fp16} B = 1/{fp16 / quant:.2f}")
+        assert quant * 7 <= fp16, lines[-1]
+    print("\n".join(lines))
+
+
+@pytest.fixture(scope="module")
+def engines(request):
+    """{(model, tp): result}, filled lazily so each engine starts once."""
+    return {}
+
+
+def _result(engines, request, name, tp):
+    key = (name, tp)
+    if key not in engines:
+        model = request.getfixturevalue(name)["dst"]
+        engines[key] = run_embed(model, tp, TEXTS[name], report=True)
+    return engines[key]
+
+
+@pytest.mark.parametrize("tp", [1, 2])
+@pytest.mark.parametrize("name", ["tiny_qwen3", "tiny_bert", "minilm"])
+def test_embeddings_match_dequantized_transformers(name, tp, engines, request):
+    result = _result(engines, request, name, tp)
+    ref = embed(request.getfixturevalue(name)["dst"], TEXTS[name])
+    cos = cosines(result["embeddings"], ref)
+    print(f"{name} tp{tp}: cosine vs transformers(dequantized) = {cos.tolist()}")
+    assert bool((cos >= COS_MIN).all()), cos.tolist()
+    check_memory(result)
+    assert len(result["ranks"]) == tp and sorted(r["tp_rank"] for r in result["ranks"]) == list(range(tp))
+
+
+@pytest.mark.parametrize("name", ["tiny_qwen3", "tiny_bert", "minilm"])
+def test_tp2_agrees_with_tp1(name, engines, request):
+    a = _result(engines, request, name, 1)["embeddings"]
+    b = _result(engines, request, name, 2)["embeddings"]
+    cos = cosines(a, b)
+    assert bool((cos >= COS_MIN).all()), cos.tolist()
+
+
+def test_tp4_misaligned_variant(models_dir):
+    """The four-GPU issue's misaligned shape on CPU: down_proj K=4864 -> 1216 per rank."""
+    from ternary_plugin.convert import convert
+    from ternary_plugin.synthetic import TINY_QWEN3_TP4_MISALIGNED, make_qwen3
+
+    src, dst = models_dir / "q3-tp4", models_dir / "q3-tp4-ternary"
+    make_qwen3(src, **TINY_QWEN3_TP4_MISALIGNED)
+    convert(src=src, dst=dst, quality_check=False, progress=False)
+    texts = ["the a of to and in", "w5 w6 w7"]
+    result = run_embed(dst, 4, texts, report=True)
+    cos = cosines(result["embeddings"], embed(dst, texts))
+    assert bool((cos >= COS_MIN).all()), cos.tolist()
+    check_memory(result)
+    down = {r["tp_rank"]: r["layers"]["model.layers.0.mlp.down_proj"] for r in result["ranks"]}
+    assert [(d["k_start"], d["kp"], d["k_offset"]) for _, d in sorted(down.items())] == [
+        (0, 1216, 0), (1216, 1216, 64), (2432, 1216, 0), (3648, 1216, 64)]
+
+
+def test_missing_scale_fails_engine_start_naming_tensor_and_rank(tiny_qwen3, tmp_path):
+    import shutil
+
+    bad = tmp_path / "bad"
+    shutil.copytree(tiny_qwen3["dst"], bad)
+    tensors = load_file(str(bad / "model.safetensors"))
+    del tensors["layers.1.mlp.down_proj.weight_scale"]
+    save_file(tensors, str(bad / "model.safetensors"))
+    proc = run_embed(bad, 2, ["the"], check=False)
+    assert proc.returncode != 0
+    assert "model.layers.1.mlp.down_proj.weight_scale (tp rank 1): 202 of 202 rows were never loaded" in proc.stderr, proc.stderr[-3000:]
+
+
+def test_plugin_excluded_by_vllm_plugins(tiny_qwen3):
+    proc = run_embed(tiny_qwen3["dst"], 1, ["the"], check=False, env_extra={"VLLM_PLUGINS": "lora_filesystem_resolver"})
+    assert proc.returncode != 0
+    assert "the ternary plugin is not loaded: VLLM_PLUGINS='lora_filesystem_resolver' excludes 'ternary'" in proc.stderr
+    assert "KeyError" not in proc.stderr
+
+
+def test_stock_vllm_without_plugin_names_the_method(tiny_qwen3):
+    """A plain vLLM entry point with the plugin excluded: a named error, not a KeyError."""
+    code = (
+        "from vllm import LLM\n"
+        "if __name__ == '__main__':\n"
+        f"    LLM(model={str(tiny_qwen3['dst'])!r}, runner='pooling', enforce_eager=True)\n"
+    )
+    env = dict(os.environ, VLLM_PLUGINS="lora_filesystem_resolver", PYTHONPATH=str(REPO))
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode != 0
+    assert "Unknown quantization method: ternary" in proc.stderr
+    assert "KeyError" not in proc.stderr
