@@ -9,7 +9,7 @@ from vllm.model_executor.layers.linear import LinearMethodBase, ReplicatedLinear
 
 from . import compat
 from . import format as fmt
-from .ops import ensure_op_registered, ternary_linear
+from .ops import ensure_op_registered, kernel_wants_padding, pad_packed_rows, ternary_linear
 from .params import TernaryLoadError, TernaryPackedParameter, TernaryScaleParameter
 
 logger = logging.getLogger("vllm.ternary_plugin")
@@ -75,8 +75,9 @@ class TernaryLinearMethod(LinearMethodBase):
 
     def process_weights_after_loading(self, layer: torch.nn.Module) -> None:
         """Refuse a layer whose tensors were not (fully) in the checkpoint, then swap the
-        vLLM parameter subclasses for plain Parameters holding the same bytes (the kernel
-        reads the checkpoint layout as is: no re-layout is needed)."""
+        vLLM parameter subclasses for plain Parameters holding the same bytes. The one
+        re-layout: where the CUDA kernel runs, packed rows are padded with zero bytes to a
+        multiple of 8 so its 8-byte loads stay aligned (the codes themselves are untouched)."""
         for suffix in (fmt.PACKED_WEIGHT_SUFFIX, fmt.SCALE_SUFFIX):
             param = getattr(layer, suffix)
             if isinstance(param, (TernaryPackedParameter, TernaryScaleParameter)) and param.missing_rows():
@@ -85,9 +86,11 @@ class TernaryLinearMethod(LinearMethodBase):
                     f"{param.data.shape[0]} rows were never loaded: the tensor (or one of its "
                     "q/k/v or gate/up parts) is missing from the checkpoint"
                 )
-        for suffix in (fmt.PACKED_WEIGHT_SUFFIX, fmt.SCALE_SUFFIX):
-            param = getattr(layer, suffix)
-            setattr(layer, suffix, torch.nn.Parameter(param.data, requires_grad=False))
+        packed = layer.packed_ternary_weight.data
+        if kernel_wants_padding(packed):
+            packed = pad_packed_rows(packed)  # [N, round_up(ceil(Kp/4), 8)], zero codes
+        layer.packed_ternary_weight = torch.nn.Parameter(packed, requires_grad=False)
+        layer.weight_scale = torch.nn.Parameter(layer.weight_scale.data, requires_grad=False)
         ensure_op_registered()
 
     def apply(

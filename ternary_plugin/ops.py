@@ -21,7 +21,7 @@ _state: dict[str, object] = {}
 
 def reference_linear(
     x: torch.Tensor,  # [M, K] any float dtype
-    packed: torch.Tensor,  # uint8 [N, ceil(K/4)]
+    packed: torch.Tensor,  # uint8 [N, >= ceil(K/4)] (bytes past ceil(K/4) are padding)
     scale: torch.Tensor,  # float16 [N, ceil((k_offset + K)/block_size)]
     bias: torch.Tensor | None,  # [N] or None
     block_size: int,
@@ -32,11 +32,27 @@ def reference_linear(
     The dequantized W is a transient of this call (one layer at a time), never a parameter.
     """
     k = x.shape[-1]
+    packed = packed[:, : fmt.packed_cols(k)]  # rows may carry the kernel's alignment padding
+    scale = scale[:, : fmt.scale_cols(k, block_size, k_offset)]
     w = fmt.dequantize_ternary(packed, scale, k, block_size, k_offset, dtype=torch.float32)
     y = x.float() @ w.t()  # [M, N] fp32
     if bias is not None:
         y = y + bias.float()
     return y.to(x.dtype)
+
+
+# The small-M kernel loads 8 bytes of codes per lane: rows padded to a multiple of 8 bytes.
+PACKED_ROW_ALIGN = 8
+
+
+def pad_packed_rows(packed: torch.Tensor) -> torch.Tensor:
+    """uint8 [N, P] -> [N, round_up(P, 8)], zero bytes (code 00, weight 0) appended."""
+    pad = -packed.shape[1] % PACKED_ROW_ALIGN
+    return torch.nn.functional.pad(packed, (0, pad)).contiguous() if pad else packed
+
+
+def kernel_wants_padding(packed: torch.Tensor) -> bool:
+    return packed.is_cuda and cuda_op_available()
 
 
 def cuda_op_available() -> bool:
@@ -73,7 +89,7 @@ def ternary_linear(
     k_offset: int = 0,
 ) -> torch.Tensor:
     if x.is_cuda:
-        if cuda_op_available():
+        if cuda_op_available() and x.dtype in (torch.float16, torch.bfloat16):
             return torch.ops.ternary_serve.gemm(x, packed, scale, bias, block_size, k_offset)
         _warn_fallback_once()
     return reference_linear(x, packed, scale, bias, block_size, k_offset)
@@ -85,8 +101,12 @@ def _register_fake() -> None:
         return
 
     @torch.library.register_fake(f"{OP_NAMESPACE}::gemm")
-    def _(x, packed, scale, bias, block_size, k_offset):
+    def _gemm_fake(x, packed, scale, bias, block_size, k_offset):
         return x.new_empty((x.shape[0], packed.shape[0]))
+
+    @torch.library.register_fake(f"{OP_NAMESPACE}::dequantize")
+    def _dequantize_fake(packed, scale, k, block_size, k_offset, dtype):
+        return packed.new_empty((packed.shape[0], k), dtype=dtype)
 
     _state["fake"] = True
 

@@ -160,6 +160,7 @@ def logical_view(layer) -> Logical:
     kp = layer.input_size_per_partition if hasattr(layer, "input_size_per_partition") else layer.input_size
     bs, k_offset = layer.ternary_block_size, layer.ternary_k_offset
     k_start = layer.ternary_k_start
+    packed = packed[:, : fmt.packed_cols(kp)]  # drop the kernel's row padding, if any
     return Logical(fmt.unpack_ternary(packed, kp), fmt.expand_scales(scale, kp, bs, k_offset), k_start, kp)
 
 

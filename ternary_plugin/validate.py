@@ -182,6 +182,10 @@ def check_gpu_load(model_dir: Path, tensors: dict[str, torch.Tensor]) -> Level:
         for suffix in (fmt.PACKED_WEIGHT_SUFFIX, fmt.SCALE_SUFFIX):
             on_gpu = getattr(layer, suffix).data
             disk = torch.cat([tensors[f"{spec.name}.{suffix}"] for spec, _, _ in plan.parts])
+            if on_gpu.shape[1] > disk.shape[1]:  # the kernel's zero row padding must be zero
+                if bool(on_gpu[:, disk.shape[1]:].any()):
+                    bad.append(f"{plan.name}.{suffix} (non-zero row padding)")
+                on_gpu = on_gpu[:, : disk.shape[1]]
             nbytes += on_gpu.numel() * on_gpu.element_size()
             if on_gpu.device.type != "cuda" or on_gpu.dtype != disk.dtype or not torch.equal(on_gpu.cpu(), disk):
                 bad.append(f"{plan.name}.{suffix}")

@@ -1,0 +1,211 @@
+// Ternary GEMM for the H200 (and any sm_80+ GPU): y[M, N] = x[M, K] @ W^T (+ bias).
+//
+// W is never materialised in full precision by the small-M kernel: it reads the packed
+// 2-bit codes of docs/quant_format.md straight from global memory, decodes them in
+// registers and accumulates in fp32, applying each float16 scale once per block segment.
+//
+//   x       [M, K]        bf16 or fp16, row-major, contiguous
+//   packed  [N, ldp]      uint8; row n holds ceil(K/4) bytes of codes (4 a byte, first
+//                         weight in bits 0-1), then zero padding up to ldp (ldp % 8 == 0:
+//                         the plugin pads rows once in process_weights_after_loading so
+//                         every row starts 8-byte aligned for the vector loads below)
+//   scale   [N, lds]      fp16; weight k of a row uses scale[(k + k_offset) / block_size]
+//   bias    [N] or null   x's dtype
+//   y       [M, N]        x's dtype
+//
+// Two regimes, chosen by M in ternary_ops.cpp:
+//
+//   M <= TERNARY_GEMV_MAX_M (16): ternary_gemv_kernel. Memory-bound: every weight byte is read once per
+//     tile of MT activation rows. One warp per output row n; the warp walks K in chunks of
+//     32 weights (8 bytes of codes) per lane:
+//
+//        lane:      0        1        2              31
+//        K:     [0, 32) [32, 64) [64, 96)  ...  [992, 1024)   then +1024 per iteration
+//
+//     A chunk of 32 weights spans at most two scale blocks (block_size >= 32, whatever the
+//     shard's k_offset), so each lane keeps two partial sums per activation row and multiplies each by
+//     its scale once per chunk. The warp then reduces across lanes with shuffles.
+//
+//   M > TERNARY_GEMV_MAX_M: ternary_dequant_kernel writes W (x's dtype) to a workspace and cuBLAS
+//     multiplies (the same split as vLLM's AWQ path for >= 256 tokens). Compute-bound there,
+//     the dequantization costs N*K*2 bytes of writes against 2*M*N*K flops.
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+namespace ternary {
+
+constexpr int kWarp = 32;
+constexpr int kRowsPerBlock = 8;   // one warp per output row: 256 threads a block
+constexpr int kChunk = 32;         // weights per lane per step (8 bytes of codes)
+
+template <typename T> struct Vec;
+template <> struct Vec<__nv_bfloat16> {
+  static __device__ __forceinline__ float to_float(__nv_bfloat16 v) { return __bfloat162float(v); }
+  static __device__ __forceinline__ __nv_bfloat16 from_float(float v) { return __float2bfloat16_rn(v); }
+};
+template <> struct Vec<__half> {
+  static __device__ __forceinline__ float to_float(__half v) { return __half2float(v); }
+  static __device__ __forceinline__ __half from_float(float v) { return __float2half_rn(v); }
+};
+
+// 8 activations (16 bytes) at x + k, as floats; positions >= k_end read as 0.
+template <typename T>
+__device__ __forceinline__ void load8(const T* __restrict__ x, int k, int k_end, bool vec_ok, float out[8]) {
+  if (vec_ok && k + 8 <= k_end) {
+    uint4 raw = __ldg(reinterpret_cast<const uint4*>(x + k));
+    const T* v = reinterpret_cast<const T*>(&raw);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) out[i] = Vec<T>::to_float(v[i]);
+  } else {
+#pragma unroll
+    for (int i = 0; i < 8; ++i) out[i] = (k + i < k_end) ? Vec<T>::to_float(x[k + i]) : 0.f;
+  }
+}
+
+// Code -> value without a branch: 00 -> 0, 01 -> +1, 10 -> -1, 11 (reserved) -> 0.
+__device__ __forceinline__ float code_value(uint32_t word, int i) {
+  uint32_t c = (word >> (2 * i)) & 3u;
+  return float(int(c & 1u) - int(c >> 1));
+}
+
+template <typename T, int MT>
+__global__ void __launch_bounds__(kRowsPerBlock * kWarp)
+ternary_gemv_kernel(const T* __restrict__ x,          // [M, K]
+                    const uint8_t* __restrict__ packed,  // [N, ldp]
+                    const __half* __restrict__ scale,    // [N, lds]
+                    const T* __restrict__ bias,          // [N] or nullptr
+                    T* __restrict__ y,                   // [M, N]
+                    int M, int N, int K, int ldp, int lds, int block_size, int k_offset) {
+  const int warp = threadIdx.x / kWarp;
+  const int lane = threadIdx.x % kWarp;
+  const int n = blockIdx.x * kRowsPerBlock + warp;
+  const int m0 = blockIdx.y * MT;
+  if (n >= N) return;
+  const int mt = min(MT, M - m0);
+  const bool vec_ok = (K % 8 == 0);  // rows of x 16-byte aligned (x itself is, from torch)
+
+  const uint8_t* prow = packed + (size_t)n * ldp;
+  const __half* srow = scale + (size_t)n * lds;
+  float acc[MT];
+#pragma unroll
+  for (int m = 0; m < MT; ++m) acc[m] = 0.f;
+
+  for (int k0 = lane * kChunk; k0 < K; k0 += kWarp * kChunk) {
+    // 32 codes: bytes [k0/4, k0/4 + 8) of the row (ldp padding keeps the load in bounds)
+    const uint2 codes = __ldg(reinterpret_cast<const uint2*>(prow + k0 / 4));
+    // scale blocks of this chunk: b0 for weights before `split`, b0 + 1 after it
+    const int p = k0 + k_offset;
+    const int b0 = p / block_size;
+    const int split = min(block_size - (p - b0 * block_size), kChunk);
+    const float s0 = __half2float(srow[b0]);
+    const float s1 = (split < kChunk && (k0 + split) < K) ? __half2float(srow[b0 + 1]) : 0.f;
+
+    float part0[MT], part1[MT];
+#pragma unroll
+    for (int m = 0; m < MT; ++m) part0[m] = part1[m] = 0.f;
+#pragma unroll
+    for (int g = 0; g < 4; ++g) {  // 4 groups of 8 weights
+      const uint32_t word = (g < 2) ? codes.x : codes.y;
+      const int base = (g & 1) * 8;  // first code of this group inside `word`
+      float w[8];
+#pragma unroll
+      for (int i = 0; i < 8; ++i) w[i] = code_value(word, base + i);
+#pragma unroll
+      for (int m = 0; m < MT; ++m) {
+        if (m < mt) {
+          float xv[8];
+          load8(x + (size_t)(m0 + m) * K, k0 + g * 8, K, vec_ok, xv);
+#pragma unroll
+          for (int i = 0; i < 8; ++i) {
+            const float prod = w[i] * xv[i];
+            if (g * 8 + i < split) part0[m] += prod; else part1[m] += prod;
+          }
+        }
+      }
+    }
+#pragma unroll
+    for (int m = 0; m < MT; ++m) acc[m] += part0[m] * s0 + part1[m] * s1;
+  }
+
+#pragma unroll
+  for (int m = 0; m < MT; ++m) {
+    float v = acc[m];
+#pragma unroll
+    for (int off = kWarp / 2; off > 0; off /= 2) v += __shfl_xor_sync(0xffffffffu, v, off);
+    acc[m] = v;
+  }
+  if (lane == 0) {
+    const float b = bias ? Vec<T>::to_float(bias[n]) : 0.f;
+#pragma unroll
+    for (int m = 0; m < MT; ++m)
+      if (m < mt) y[(size_t)(m0 + m) * N + n] = Vec<T>::from_float(acc[m] + b);
+  }
+}
+
+// W[n, k] = value(code) * scale, in T, for the large-M path. One thread per 4 weights.
+template <typename T>
+__global__ void ternary_dequant_kernel(const uint8_t* __restrict__ packed, const __half* __restrict__ scale,
+                                       T* __restrict__ w, int N, int K, int ldp, int lds,
+                                       int block_size, int k_offset) {
+  const int bytes_per_row = (K + 3) / 4;
+  const long idx = (long)blockIdx.x * blockDim.x + threadIdx.x;
+  if (idx >= (long)N * bytes_per_row) return;
+  const int n = idx / bytes_per_row;
+  const int j = idx % bytes_per_row;
+  const uint32_t byte = packed[(size_t)n * ldp + j];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int k = 4 * j + i;
+    if (k < K) {
+      const float s = __half2float(scale[(size_t)n * lds + (k + k_offset) / block_size]);
+      w[(size_t)n * K + k] = Vec<T>::from_float(code_value(byte, i) * s);
+    }
+  }
+}
+
+template <typename T>
+static cudaError_t launch_gemv_t(const void* x, const uint8_t* packed, const __half* scale, const void* bias,
+                                 void* y, int M, int N, int K, int ldp, int lds, int block_size, int k_offset,
+                                 cudaStream_t stream) {
+  const dim3 block(kRowsPerBlock * kWarp);
+  const T* xt = static_cast<const T*>(x);
+  const T* bt = static_cast<const T*>(bias);
+  T* yt = static_cast<T*>(y);
+  // Largest activation tile that M fills; bigger M loops over tiles in grid.y.
+#define TERNARY_LAUNCH(MT_)                                                                          \
+  ternary_gemv_kernel<T, MT_><<<dim3((N + kRowsPerBlock - 1) / kRowsPerBlock, (M + MT_ - 1) / MT_), \
+                                block, 0, stream>>>(xt, packed, scale, bt, yt, M, N, K, ldp, lds,   \
+                                                    block_size, k_offset)
+  if (M <= 1) TERNARY_LAUNCH(1);
+  else if (M <= 2) TERNARY_LAUNCH(2);
+  else if (M <= 4) TERNARY_LAUNCH(4);
+  else TERNARY_LAUNCH(8);
+#undef TERNARY_LAUNCH
+  return cudaGetLastError();
+}
+
+cudaError_t launch_gemv(bool bf16, const void* x, const uint8_t* packed, const __half* scale, const void* bias,
+                        void* y, int M, int N, int K, int ldp, int lds, int block_size, int k_offset,
+                        cudaStream_t stream) {
+  return bf16 ? launch_gemv_t<__nv_bfloat16>(x, packed, scale, bias, y, M, N, K, ldp, lds, block_size, k_offset, stream)
+              : launch_gemv_t<__half>(x, packed, scale, bias, y, M, N, K, ldp, lds, block_size, k_offset, stream);
+}
+
+cudaError_t launch_dequant(bool bf16, const uint8_t* packed, const __half* scale, void* w, int N, int K, int ldp,
+                           int lds, int block_size, int k_offset, cudaStream_t stream) {
+  const long threads = (long)N * ((K + 3) / 4);
+  const int block = 256;
+  const unsigned grid = (unsigned)((threads + block - 1) / block);
+  if (bf16)
+    ternary_dequant_kernel<__nv_bfloat16><<<grid, block, 0, stream>>>(
+        packed, scale, static_cast<__nv_bfloat16*>(w), N, K, ldp, lds, block_size, k_offset);
+  else
+    ternary_dequant_kernel<__half><<<grid, block, 0, stream>>>(packed, scale, static_cast<__half*>(w), N, K, ldp,
+                                                               lds, block_size, k_offset);
+  return cudaGetLastError();
+}
+
+}  // namespace ternary

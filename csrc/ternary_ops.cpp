@@ -1,0 +1,136 @@
+// torch.ops.ternary_serve.gemm: input checks, dispatch by M, launch on the current stream.
+// Declared once here (schema); the fake (meta) implementation is in ternary_plugin/ops.py.
+
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <cuda_fp16.h>
+#include <torch/library.h>
+#include <torch/torch.h>
+
+namespace ternary {
+cudaError_t launch_gemv(bool bf16, const void* x, const uint8_t* packed, const __half* scale, const void* bias,
+                        void* y, int M, int N, int K, int ldp, int lds, int block_size, int k_offset,
+                        cudaStream_t stream);
+cudaError_t launch_dequant(bool bf16, const uint8_t* packed, const __half* scale, void* w, int N, int K, int ldp,
+                           int lds, int block_size, int k_offset, cudaStream_t stream);
+}  // namespace ternary
+
+namespace {
+
+// Up to this many activation rows the fused kernel streams the packed weights once per
+// tile of 8 rows; above it, dequantize + cuBLAS wins (measured on the H200, see
+// benchmarks/results/kernel-h200.md). Overridable for benchmarking.
+int64_t gemv_max_m() {
+  static const int64_t v = [] {
+    const char* e = std::getenv("TERNARY_GEMV_MAX_M");
+    return e ? std::atoll(e) : int64_t(16);
+  }();
+  return v;
+}
+
+#define CHECK_ARG(cond, ...) TORCH_CHECK(cond, "ternary_serve::gemm: ", __VA_ARGS__)
+
+void check_cuda_error(cudaError_t err, const char* what, int64_t m, int64_t n, int64_t k) {
+  TORCH_CHECK(err == cudaSuccess, "ternary_serve::gemm: ", what, " failed for m=", m, " n=", n, " k=", k, ": ",
+              cudaGetErrorString(err));
+}
+
+torch::Tensor gemm(const torch::Tensor& x,       // [M, K] bf16/fp16
+                   const torch::Tensor& packed,  // [N, ldp] uint8, ldp >= ceil(K/4)
+                   const torch::Tensor& scale,   // [N, lds] fp16
+                   const std::optional<torch::Tensor>& bias,  // [N] x.dtype
+                   int64_t block_size, int64_t k_offset) {
+  CHECK_ARG(x.is_cuda() && packed.is_cuda() && scale.is_cuda(), "x, packed and scale must be CUDA tensors");
+  CHECK_ARG(x.dim() == 2, "x must be 2-D [M, K], got ", x.sizes());
+  CHECK_ARG(x.scalar_type() == at::kBFloat16 || x.scalar_type() == at::kHalf, "x must be bf16 or fp16, got ",
+            x.scalar_type());
+  CHECK_ARG(x.is_contiguous(), "x must be contiguous");
+  CHECK_ARG(packed.scalar_type() == at::kByte && packed.dim() == 2 && packed.is_contiguous(),
+            "packed must be a contiguous 2-D uint8 tensor, got ", packed.scalar_type(), " ", packed.sizes());
+  CHECK_ARG(scale.scalar_type() == at::kHalf && scale.dim() == 2 && scale.is_contiguous(),
+            "scale must be a contiguous 2-D fp16 tensor, got ", scale.scalar_type(), " ", scale.sizes());
+  const int64_t M = x.size(0), K = x.size(1), N = packed.size(0);
+  const int64_t ldp = packed.size(1), lds = scale.size(1);
+  // >= 32: a 32-weight chunk of the small-M kernel then spans at most two scale blocks.
+  CHECK_ARG(block_size >= 32, "block_size must be >= 32, got ", block_size);
+  CHECK_ARG(k_offset >= 0 && k_offset < block_size, "k_offset must be in [0, block_size), got ", k_offset);
+  CHECK_ARG(scale.size(0) == N, "scale has ", scale.size(0), " rows, packed has ", N);
+  CHECK_ARG(ldp >= (K + 3) / 4, "packed has ", ldp, " bytes per row, needs ceil(K/4) = ", (K + 3) / 4, " for K=", K);
+  CHECK_ARG(lds >= (k_offset + K + block_size - 1) / block_size, "scale has ", lds, " blocks per row, needs ",
+            (k_offset + K + block_size - 1) / block_size);
+  CHECK_ARG(x.device() == packed.device() && x.device() == scale.device(), "x, packed, scale on different devices");
+  if (bias) {
+    CHECK_ARG(bias->is_cuda() && bias->dim() == 1 && bias->size(0) == N && bias->scalar_type() == x.scalar_type(),
+              "bias must be [N] in x's dtype on x's device");
+  }
+  const at::cuda::OptionalCUDAGuard guard(x.device());
+  auto y = torch::empty({M, N}, x.options());
+  if (M == 0 || N == 0) return y;
+  const bool bf16 = x.scalar_type() == at::kBFloat16;
+  cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+
+  if (M <= gemv_max_m()) {
+    CHECK_ARG(ldp % 8 == 0 && ldp >= ((K + 3) / 4 + 7) / 8 * 8,
+              "the small-M kernel needs rows padded to a multiple of 8 bytes (ldp=", ldp,
+              ", K=", K, "): use ternary_plugin.ops.pad_packed_rows");
+    const torch::Tensor b = bias ? bias->contiguous() : torch::Tensor();
+    check_cuda_error(ternary::launch_gemv(bf16, x.data_ptr(), packed.data_ptr<uint8_t>(),
+                                          reinterpret_cast<const __half*>(scale.data_ptr<at::Half>()),
+                                          bias ? b.data_ptr() : nullptr, y.data_ptr(), M, N, K, ldp, lds,
+                                          block_size, k_offset, stream),
+                     "ternary_gemv_kernel launch", M, N, K);
+    return y;
+  }
+  auto w = torch::empty({N, K}, x.options());  // transient, from the caching allocator
+  check_cuda_error(ternary::launch_dequant(bf16, packed.data_ptr<uint8_t>(),
+                                           reinterpret_cast<const __half*>(scale.data_ptr<at::Half>()),
+                                           w.data_ptr(), N, K, ldp, lds, block_size, k_offset, stream),
+                   "ternary_dequant_kernel launch", M, N, K);
+  if (bias) {
+    at::addmm_out(y, *bias, x, w.t());
+  } else {
+    at::mm_out(y, x, w.t());
+  }
+  return y;
+}
+
+// W [N, K] in `dtype` (bf16/fp16): the large-M path's first half, exposed for benchmarks.
+torch::Tensor dequantize(const torch::Tensor& packed, const torch::Tensor& scale, int64_t K, int64_t block_size,
+                         int64_t k_offset, at::ScalarType dtype) {
+  CHECK_ARG(packed.is_cuda() && packed.scalar_type() == at::kByte && packed.dim() == 2 && packed.is_contiguous(),
+            "packed must be a contiguous 2-D uint8 CUDA tensor");
+  CHECK_ARG(scale.is_cuda() && scale.scalar_type() == at::kHalf && scale.dim() == 2 && scale.is_contiguous(),
+            "scale must be a contiguous 2-D fp16 CUDA tensor");
+  CHECK_ARG(dtype == at::kBFloat16 || dtype == at::kHalf, "dtype must be bf16 or fp16");
+  CHECK_ARG(block_size >= 32 && k_offset >= 0 && k_offset < block_size, "bad block_size/k_offset");
+  const int64_t N = packed.size(0);
+  CHECK_ARG(packed.size(1) >= (K + 3) / 4 && scale.size(0) == N &&
+                scale.size(1) >= (k_offset + K + block_size - 1) / block_size,
+            "packed ", packed.sizes(), " / scale ", scale.sizes(), " too small for K=", K);
+  const at::cuda::OptionalCUDAGuard guard(packed.device());
+  auto w = torch::empty({N, K}, packed.options().dtype(dtype));
+  if (N == 0 || K == 0) return w;
+  check_cuda_error(ternary::launch_dequant(dtype == at::kBFloat16, packed.data_ptr<uint8_t>(),
+                                           reinterpret_cast<const __half*>(scale.data_ptr<at::Half>()),
+                                           w.data_ptr(), N, K, packed.size(1), scale.size(1), block_size, k_offset,
+                                           at::cuda::getCurrentCUDAStream()),
+                   "ternary_dequant_kernel launch", 0, N, K);
+  return w;
+}
+
+}  // namespace
+
+TORCH_LIBRARY(ternary_serve, m) {
+  m.def("gemm(Tensor x, Tensor packed, Tensor scale, Tensor? bias, int block_size, int k_offset) -> Tensor");
+  m.def("dequantize(Tensor packed, Tensor scale, int K, int block_size, int k_offset, ScalarType dtype) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(ternary_serve, CUDA, m) {
+  m.impl("gemm", &gemm);
+  m.impl("dequantize", &dequantize);
+}
+
+// Importing the module registers the op (a PyInit that does nothing else).
+#include <Python.h>
+static struct PyModuleDef ternary_module = {PyModuleDef_HEAD_INIT, "_C", nullptr, -1, nullptr};
+PyMODINIT_FUNC PyInit__C(void) { return PyModule_Create(&ternary_module); }

@@ -1,0 +1,107 @@
+"""The CUDA kernel against the reference, on the GPU (skipped cleanly elsewhere).
+
+Tolerance: the kernel accumulates in fp32 and rounds once to x's dtype, so its error
+against a float64 reference is the output rounding: ~2^-9 relative for bf16, ~2^-12 for
+fp16. The bound, 1e-2 for bf16 and 2e-3 for fp16, leaves room for fp32 summation order.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from ternary_plugin import format as fmt
+from ternary_plugin import ops
+
+pytestmark = pytest.mark.gpu
+if not torch.cuda.is_available():
+    pytest.skip("no CUDA device: run on the lent GPU machine (pytest -m gpu)", allow_module_level=True)
+if not ops.cuda_op_available():
+    pytest.skip(f"CUDA op not built: {ops._state.get('why')}", allow_module_level=True)
+ops.ensure_op_registered()
+
+TOL = {torch.bfloat16: 1e-2, torch.float16: 2e-3}
+
+# (M, N, K, k_offset, block_size, reason)
+SHAPES = [
+    (1, 256, 1024, 0, 128, "decode-size M, aligned K"),
+    (3, 200, 202, 0, 128, "K not a multiple of 4 (hidden 202)"),
+    (8, 96, 502, 118, 128, "down_proj shard at tp 2 of intermediate 1004: starts inside a block"),
+    (16, 64, 1216, 64, 128, "down_proj shard at tp 4 of intermediate 4864; M at the dispatch threshold"),
+    (17, 64, 1216, 64, 128, "M one past the threshold: dequantize + cuBLAS"),
+    (2, 130, 96, 32, 128, "narrow shard smaller than one block"),
+    (5, 77, 300, 0, 64, "block_size 64, partial last block"),
+    (64, 512, 1024, 0, 128, "mid M"),
+    (300, 384, 1536, 0, 128, "MiniLM output.dense, prefill-size M"),
+    (1, 6144, 1024, 0, 128, "Qwen3-0.6B gate_up at M=1"),
+]
+
+
+def _case(m, n, k, k_offset, bs, dtype, seed):
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    values = torch.randint(-1, 2, (n, k), generator=g, dtype=torch.int8)
+    nb = fmt.scale_cols(k, bs, k_offset)
+    scale = (torch.rand(n, nb, generator=g) * 0.1 + 0.01).to(torch.float16)
+    x = torch.randn(m, k, generator=g).to(dtype)
+    bias = torch.randn(n, generator=g).to(dtype)
+    packed = ops.pad_packed_rows(fmt.pack_ternary(values))
+    return x.cuda(), packed.cuda(), scale.cuda(), bias.cuda(), values, scale
+
+
+def _poison_allocator(nbytes):
+    """Fill freed cache blocks with NaN so an unwritten output element shows up."""
+    t = torch.full((nbytes // 2 + 1024,), float("nan"), dtype=torch.float16, device="cuda")
+    del t
+
+
+@pytest.mark.parametrize("with_bias", [False, True])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("m,n,k,k_offset,bs,reason", SHAPES, ids=[s[-1] for s in SHAPES])
+def test_gemm_matches_float64_reference(m, n, k, k_offset, bs, reason, dtype, with_bias):
+    x, packed, scale, bias, values, scale_cpu = _case(m, n, k, k_offset, bs, dtype, seed=m * 1000 + n + k)
+    _poison_allocator(m * n * 2)
+    y = torch.ops.ternary_serve.gemm(x, packed, scale, bias if with_bias else None, bs, k_offset)
+    torch.cuda.synchronize()
+    assert y.shape == (m, n) and y.dtype == dtype
+    assert bool(torch.isfinite(y).all()), "unwritten (NaN-poisoned) or non-finite output"
+    w = values.double() * fmt.expand_scales(scale_cpu, k, bs, k_offset).double()
+    ref = x.cpu().double() @ w.t() + (bias.cpu().double() if with_bias else 0)
+    rel = float((y.cpu().double() - ref).norm() / ref.norm())
+    assert rel < TOL[dtype], f"{reason}: relative error {rel:.2e}"
+
+
+def test_reference_path_agrees_on_gpu():
+    x, packed, scale, bias, _, _ = _case(4, 96, 502, 118, 128, torch.bfloat16, seed=1)
+    y = torch.ops.ternary_serve.gemm(x, packed, scale, bias, 128, 118)
+    ref = ops.reference_linear(x, packed, scale, bias, 128, 118)
+    assert float((y.float() - ref.float()).norm() / ref.float().norm()) < 1e-2
+
+
+def test_dequantize_is_exact_in_fp16():
+    """code * fp16 scale is exact in fp16: the dequantize op owes bit equality."""
+    _, packed, scale, _, values, scale_cpu = _case(1, 64, 1216, 64, 128, torch.float16, seed=3)
+    w = torch.ops.ternary_serve.dequantize(packed, scale, 1216, 128, 64, torch.float16)
+    expect = (values.float() * fmt.expand_scales(scale_cpu, 1216, 128, 64).float()).half()
+    assert torch.equal(w.cpu(), expect)
+
+
+def test_cuda_graph_and_compile_capture():
+    x, packed, scale, bias, _, _ = _case(8, 256, 1024, 0, 128, torch.bfloat16, seed=4)
+    expect = torch.ops.ternary_serve.gemm(x, packed, scale, bias, 128, 0)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = torch.ops.ternary_serve.gemm(x, packed, scale, bias, 128, 0)
+    out.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, expect)
+    compiled = torch.compile(lambda a: torch.ops.ternary_serve.gemm(a, packed, scale, bias, 128, 0), fullgraph=True)
+    assert torch.equal(compiled(x), expect)
+
+
+def test_bad_inputs_are_named():
+    x, packed, scale, _, _, _ = _case(2, 64, 256, 0, 128, torch.bfloat16, seed=5)
+    with pytest.raises(RuntimeError, match="packed has 8 bytes per row, needs ceil\\(K/4\\) = 64"):
+        torch.ops.ternary_serve.gemm(x, packed[:, :8].contiguous(), scale, None, 128, 0)
+    with pytest.raises(RuntimeError, match="x must be bf16 or fp16"):
+        torch.ops.ternary_serve.gemm(x.float(), packed, scale, None, 128, 0)
