@@ -145,24 +145,34 @@ ternary_gemv_kernel(const T* __restrict__ x,          // [M, K]
   }
 }
 
-// W[n, k] = value(code) * scale, in T, for the large-M path. One thread per 4 weights.
+// W[n, k] = value(code) * scale, in T, for the large-M path. One thread per 8 weights (2
+// bytes of codes): one 16-byte store, and at most two scale blocks since block_size >= 32.
 template <typename T>
 __global__ void ternary_dequant_kernel(const uint8_t* __restrict__ packed, const __half* __restrict__ scale,
                                        T* __restrict__ w, int N, int K, int ldp, int lds,
                                        int block_size, int k_offset) {
-  const int bytes_per_row = (K + 3) / 4;
+  const int groups = (K + 7) / 8;  // 8-weight groups per row
   const long idx = (long)blockIdx.x * blockDim.x + threadIdx.x;
-  if (idx >= (long)N * bytes_per_row) return;
-  const int n = idx / bytes_per_row;
-  const int j = idx % bytes_per_row;
-  const uint32_t byte = packed[(size_t)n * ldp + j];
+  if (idx >= (long)N * groups) return;
+  const int n = idx / groups;
+  const int k0 = (int)(idx % groups) * 8;
+  const uint8_t* prow = packed + (size_t)n * ldp;
+  const uint32_t word = prow[k0 / 4] | ((k0 / 4 + 1 < ldp ? (uint32_t)prow[k0 / 4 + 1] : 0u) << 8);
+  const int p = k0 + k_offset;
+  const int b0 = p / block_size;
+  const int split = block_size - (p - b0 * block_size);  // weights of this group in block b0
+  const float s0 = __half2float(scale[(size_t)n * lds + b0]);
+  const float s1 = (split < 8 && k0 + split < K) ? __half2float(scale[(size_t)n * lds + b0 + 1]) : 0.f;
+  T out[8];
 #pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const int k = 4 * j + i;
-    if (k < K) {
-      const float s = __half2float(scale[(size_t)n * lds + (k + k_offset) / block_size]);
-      w[(size_t)n * K + k] = Vec<T>::from_float(code_value(byte, i) * s);
-    }
+  for (int i = 0; i < 8; ++i) out[i] = Vec<T>::from_float(code_value(word, i) * (i < split ? s0 : s1));
+  T* dst = w + (size_t)n * K + k0;
+  if (K % 8 == 0) {  // rows 16-byte aligned
+    *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(out);
+  } else {
+#pragma unroll
+    for (int i = 0; i < 8; ++i)
+      if (k0 + i < K) dst[i] = out[i];
   }
 }
 
@@ -196,7 +206,7 @@ cudaError_t launch_gemv(bool bf16, const void* x, const uint8_t* packed, const _
 
 cudaError_t launch_dequant(bool bf16, const uint8_t* packed, const __half* scale, void* w, int N, int K, int ldp,
                            int lds, int block_size, int k_offset, cudaStream_t stream) {
-  const long threads = (long)N * ((K + 3) / 4);
+  const long threads = (long)N * ((K + 7) / 8);
   const int block = 256;
   const unsigned grid = (unsigned)((threads + block - 1) / block);
   if (bf16)

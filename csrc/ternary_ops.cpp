@@ -17,13 +17,14 @@ cudaError_t launch_dequant(bool bf16, const uint8_t* packed, const __half* scale
 
 namespace {
 
-// Up to this many activation rows the fused kernel streams the packed weights once per
-// tile of 8 rows; above it, dequantize + cuBLAS wins (measured on the H200, see
-// benchmarks/results/kernel-h200.md). Overridable for benchmarking.
+// Up to this many activation rows the fused kernel runs; above it, dequantize + cuBLAS.
+// Measured on the H200 (benchmarks/results/kernel-h200.md): the fused kernel beats cuBLAS
+// at M = 1 on every Qwen3-0.6B shape and loses from M = 8 on (it re-reads activations per
+// output row; a tensor-core version is the open work). TERNARY_GEMV_MAX_M overrides.
 int64_t gemv_max_m() {
   static const int64_t v = [] {
     const char* e = std::getenv("TERNARY_GEMV_MAX_M");
-    return e ? std::atoll(e) : int64_t(16);
+    return e ? std::atoll(e) : int64_t(1);
   }();
   return v;
 }

@@ -13,7 +13,8 @@ t=$(date +%s)
 TERNARY_CUDA_ARCHS=${TERNARY_CUDA_ARCHS:-90a} TERNARY_BUILD_CUDA=1 python3 setup.py -q build_ext --inplace > "$OUT/build.log" 2>&1 \
   || { tail -40 "$OUT/build.log"; exit 1; }
 echo "build: $(( $(date +%s) - t )) s"
-python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_kernel_gpu.py 2>&1 | tee "$OUT/gpu_tests.log" | tail -15
+python3 -X faulthandler -m pytest -q -p no:cacheprovider -m gpu tests/test_kernel_gpu.py -k "not bad_inputs" 2>&1 | tee "$OUT/gpu_tests.log" | tail -8
+python3 -X faulthandler -m pytest -q -p no:cacheprovider tests/test_kernel_gpu.py -k bad_inputs -s > "$OUT/gpu_tests_bad.log" 2>&1; grep -v "/tmp/site/" "$OUT/gpu_tests_bad.log" | head -30
 compute-sanitizer --tool memcheck --print-limit 20 python3 -m pytest -q -p no:cacheprovider tests/test_kernel_gpu.py \
   -k "gemm_matches and bf16 and True" 2>&1 | tail -12 | tee "$OUT/memcheck.log"
-[ "${SKIP_BENCH:-0}" = 1 ] || python3 scripts/bench_kernel.py --out "$OUT" 2>&1 | tail -60
+[ "${SKIP_BENCH:-0}" = 1 ] || python3 scripts/bench_kernel.py --out "$OUT" "$@" 2>&1 | tail -75
