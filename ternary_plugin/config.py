@@ -7,7 +7,6 @@ from typing import Any
 import torch
 from vllm.model_executor.layers.linear import LinearBase, UnquantizedLinearMethod
 from vllm.model_executor.layers.quantization.base_config import QuantizationConfig
-from vllm.model_executor.layers.quantization.utils.quant_utils import is_layer_skipped
 
 from . import QUANT_METHOD
 from . import format as fmt
@@ -117,9 +116,21 @@ class TernaryConfig(QuantizationConfig):
         return TernaryLinearMethod
 
     def is_converted(self, prefix: str) -> bool:
-        return not is_layer_skipped(
-            prefix, self.modules_not_converted, self.packed_modules_mapping, match_mode="suffix"
-        )
+        """False when ``prefix`` (a vLLM module name) is listed in modules_not_converted.
+
+        Entries match as a dotted suffix ("pooler.dense" matches "model.pooler.dense"); a
+        fused layer (qkv_proj, gate_up_proj) is checked through its unfused parts, which must
+        agree. (vLLM's own is_layer_skipped changed its signature between 0.25 and 0.32.)
+        """
+        last = prefix.rsplit(".", 1)[-1]
+        parts = self.packed_modules_mapping.get(last)
+        names = [prefix[: len(prefix) - len(last)] + p for p in parts] if parts else [prefix]
+        hits = [any(n == m or n.endswith("." + m) for m in self.modules_not_converted) for n in names]
+        if any(hits) and not all(hits):
+            raise TernaryConfigError(
+                f"{prefix}: modules_not_converted lists some of its fused parts {names} but not all"
+            )
+        return not any(hits)
 
     def get_quant_method(self, layer: torch.nn.Module, prefix: str):
         if isinstance(layer, LinearBase):

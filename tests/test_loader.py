@@ -253,3 +253,37 @@ def test_config_errors():
         TernaryConfig.from_config({"quant_method": "ternary", "zero_point": True})
     with pytest.raises(TernaryConfigError, match="format_version = 2"):
         TernaryConfig.from_config({"quant_method": "ternary", "format_version": 2})
+
+
+def test_modules_not_converted_stay_unquantized():
+    from vllm.model_executor.layers.linear import UnquantizedLinearMethod
+
+    qc = TernaryConfig(modules_not_converted=["pooler.dense", "layers.0.self_attn.q_proj"])
+    qc.packed_modules_mapping = {"qkv_proj": ["q_proj", "k_proj", "v_proj"]}
+    assert not qc.is_converted("model.pooler.dense")
+    assert qc.is_converted("model.encoder.layer.0.output.dense")
+    from ternary_plugin.config import TernaryConfigError
+
+    with pytest.raises(TernaryConfigError, match="lists some of its fused parts"):
+        qc.is_converted("model.layers.0.self_attn.qkv_proj")
+    with simulated_tp(0, 1):
+        from vllm.model_executor.layers.linear import ReplicatedLinear
+
+        layer = ReplicatedLinear(8, 8, bias=False, quant_config=qc, prefix="model.pooler.dense")
+    assert isinstance(layer.quant_method, UnquantizedLinearMethod)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_reference_apply_dtypes(dtype):
+    """The reference path serves fp32, bf16 and fp16 activations (fp32 math inside)."""
+    k, n = 300, 16
+    layer = _build("RowParallelLinear", 1, 2, 2 * k, n)  # rank 1: k_offset 300 % 128 = 44
+    _load(layer, _random_layer_tensors(n, 2 * k, seed=11))
+    _finish(layer)
+    x = torch.randn(3, k).to(dtype)
+    y = layer.quant_method.apply(layer, x)
+    view = logical_view(layer)
+    ref = x.double() @ (view.codes.double() * view.scales.double()).t()
+    assert y.dtype == dtype
+    # output rounding of the activation dtype bounds the error (bf16: 2^-9, fp16: 2^-12)
+    assert float((y.double() - ref).norm() / ref.norm()) < {torch.float32: 1e-5, torch.bfloat16: 1e-2, torch.float16: 2e-3}[dtype]

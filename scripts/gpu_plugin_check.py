@@ -1,0 +1,62 @@
+"""GPU check of the plugin on the lent machine's vLLM: build tiny models, convert, validate
+(GPU_LOAD), embed through vLLM with the CUDA kernel, compare with the transformers reference.
+
+    python scripts/gpu_plugin_check.py OUT_DIR
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def main(out: Path) -> int:
+    from ternary_plugin.convert import convert
+    from ternary_plugin.reference_model import embed
+    from ternary_plugin.synthetic import make_bert, make_qwen3
+
+    out.mkdir(parents=True, exist_ok=True)
+    work = Path("/tmp/ternary-gpu-check")
+    texts = ["the a of to and in", "w1 w2 w3 w4 w5 w6 w7 w8 w9 w10 w11", "is"]
+    report = {"gpu": torch.cuda.get_device_name(0), "torch": torch.__version__, "models": {}}
+    for name, make in (("tiny-qwen3", make_qwen3), ("tiny-bert", make_bert)):
+        src, dst = work / name, work / f"{name}-ternary"
+        if not dst.exists():
+            make(src)
+            convert(src=src, dst=dst, quality_check=False, progress=False)
+        val = subprocess.run([sys.executable, str(REPO / "scripts/validate_quant_weights.py"), str(dst), "--tp", "2", "4"],
+                             capture_output=True, text=True)
+        entry = {"validator": val.stdout.strip().splitlines(), "validator_rc": val.returncode}
+        for dtype in ("bfloat16", "float16"):
+            t = time.time()
+            proc = subprocess.run([sys.executable, str(REPO / "scripts/embed.py"), str(dst), "--dtype", dtype, "--report", *texts],
+                                  capture_output=True, text=True)
+            if proc.returncode != 0:
+                entry[dtype] = {"error": proc.stderr[-3000:]}
+                continue
+            res = json.loads(next(x for x in proc.stdout.splitlines() if x.startswith("RESULT "))[7:])
+            ref = embed(dst, texts)
+            cos = torch.nn.functional.cosine_similarity(torch.tensor(res["embeddings"]), ref, dim=-1).tolist()
+            rank = res["ranks"][0]
+            entry[dtype] = {
+                "cosine_vs_fp32_reference": cos, "wall_s": round(time.time() - t, 1),
+                "engine_start_s": res["engine_start_s"], "plugin_loaded": rank["plugin_loaded"],
+                "quant_bytes": sum(x["quant_bytes"] for x in rank["layers"].values()),
+                "fp16_bytes": sum(x["fp16_bytes"] for x in rank["layers"].values()),
+                "packed_shapes": {k: v["params"]["packed_ternary_weight"] for k, v in list(rank["layers"].items())[:2]},
+            }
+        report["models"][name] = entry
+        print(json.dumps({name: entry}, indent=1)[:3000], flush=True)
+    (out / "gpu_plugin_check.json").write_text(json.dumps(report, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(Path(sys.argv[1])))
