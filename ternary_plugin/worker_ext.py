@@ -54,6 +54,19 @@ class TernaryWorkerExtension:
     def _ternary_model(self) -> torch.nn.Module:
         return self.model_runner.get_model()
 
+    def ternary_status(self) -> dict:
+        """Cheap per-rank check for health probes: plugin loaded, ternary layers present."""
+        from vllm.distributed import get_tensor_model_parallel_rank
+
+        from . import is_registered
+
+        return {
+            "pid": os.getpid(),
+            "tp_rank": get_tensor_model_parallel_rank(),
+            "plugin_loaded": is_registered(),
+            "ternary_layers": len(ternary_layers(self._ternary_model())),
+        }
+
     def ternary_report(self) -> dict:
         from vllm.distributed import get_tensor_model_parallel_rank, get_tensor_model_parallel_world_size
 

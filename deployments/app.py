@@ -1,0 +1,122 @@
+"""Serve config ``args`` -> a Ray Serve application (``import_path: deployments.app:build_app``).
+
+Built on Ray Serve LLM (``ray.serve.llm``): its ``LLMServer`` runs one vLLM async engine per
+replica inside a placement group with one bundle per tensor-parallel worker, and its OpenAI
+ingress routes ``/v1/embeddings``. The ternary plugin loads in every engine process through
+its entry point; ``VLLM_PLUGINS`` is set in the replicas' runtime env so that nothing else
+can shadow it, and the replicas' health check proves each worker loaded it.
+"""
+
+from __future__ import annotations
+
+import os
+import pprint
+from pathlib import Path
+
+from ray import serve
+from ray.serve.deployment import Application
+
+from deployments.config import TernaryServeConfig
+
+# Environment every replica and engine process gets (see scripts/env.sh for the why).
+BASE_ENGINE_ENV = {
+    "VLLM_PLUGINS": "ternary",
+    "HF_HUB_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+    "TOKENIZERS_PARALLELISM": "false",
+    "VLLM_NO_USAGE_STATS": "1",
+}
+CPU_ENGINE_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1"}
+
+
+def omp_bind(tp: int, ncpu: int) -> str:
+    """VLLM_CPU_OMP_THREADS_BIND: the cores split evenly over tp ranks ("0-1" for tp 1 on two
+    cores, "0|1" for tp 2); with more ranks than cores, ranks share cores ("0|1|0|1")."""
+    if tp >= ncpu:
+        return "|".join(str(i % ncpu) for i in range(tp))
+    per = ncpu // tp
+    return "|".join(f"{r * per}-{r * per + per - 1}" if per > 1 else str(r) for r in range(tp))
+
+
+def llm_config(cfg: TernaryServeConfig):
+    """The Ray Serve LLM config of one ternary embedding model."""
+    from ray.serve.llm import LLMConfig
+
+    from ternary_plugin.preflight import check_plugin_for
+    from ternary_plugin.worker_ext import EXTENSION
+
+    check_plugin_for(cfg.model)  # a clear error here rather than "Unknown quantization method"
+    tp = cfg.tensor_parallel_size
+    engine_kwargs = {
+        "runner": "pooling",
+        "tensor_parallel_size": tp,
+        "dtype": cfg.dtype,
+        "enforce_eager": cfg.enforce_eager,
+        "worker_extension_cls": EXTENSION,
+    }
+    for key in ("max_model_len", "max_num_batched_tokens"):
+        if getattr(cfg, key) is not None:
+            engine_kwargs[key] = getattr(cfg, key)
+    env = dict(BASE_ENGINE_ENV)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(Path(__file__).resolve().parent.parent), os.environ.get("PYTHONPATH", "")) if p)
+    if cfg.device == "cpu":
+        env.update(CPU_ENGINE_ENV)
+        # One OpenMP thread group per TP worker; CPU vLLM refuses the ray executor.
+        env.setdefault("VLLM_CPU_OMP_THREADS_BIND", omp_bind(tp, os.cpu_count() or 1))
+        if tp > 1:
+            engine_kwargs["distributed_executor_backend"] = "mp"
+        bundles = [{"CPU": cfg.cpus_per_worker}] + [{"CPU": cfg.cpus_per_worker}] * (tp - 1)
+    else:
+        bundles = [{"GPU": 1, "CPU": cfg.cpus_per_worker} for _ in range(tp)]
+    env.update(cfg.engine_env)
+    scaling = cfg.autoscaling
+    return LLMConfig(
+        model_loading_config={"model_id": cfg.served_name, "model_source": str(Path(cfg.model).resolve())},
+        accelerator_config={"kind": cfg.device},
+        engine_kwargs=engine_kwargs,
+        placement_group_config={"bundles": bundles, "strategy": cfg.placement_strategy},
+        runtime_env={"env_vars": env},
+        server_cls="deployments.server:TernaryLLMServer",
+        deployment_config={
+            "autoscaling_config": {
+                "min_replicas": scaling.min_replicas,
+                "max_replicas": scaling.max_replicas,
+                "initial_replicas": scaling.initial_replicas if scaling.initial_replicas is not None else scaling.min_replicas,
+                "target_ongoing_requests": scaling.target_ongoing_requests,
+                "upscale_delay_s": scaling.upscale_delay_s,
+                "downscale_delay_s": scaling.downscale_delay_s,
+            },
+            "max_ongoing_requests": cfg.max_ongoing_requests,
+            "max_queued_requests": cfg.max_queued_requests,
+            "health_check_period_s": cfg.health_check_period_s,
+            "health_check_timeout_s": cfg.health_check_timeout_s,
+        },
+    )
+
+
+def build_app(args: dict) -> Application:
+    """``serve run``/``serve deploy`` entry: validate ``args``, compose Ray Serve LLM's pieces."""
+    from ray.llm._internal.serve.core.configs.openai_api_models import to_model_metadata
+    from ray.llm._internal.serve.core.ingress.ingress import make_fastapi_ingress
+    from ray.llm._internal.serve.core.server.builder import build_llm_deployment
+
+    from deployments.ingress import TernaryIngress, build_fastapi_app
+
+    cfg = TernaryServeConfig.model_validate(args)
+    config = llm_config(cfg)
+    server = build_llm_deployment(config)
+    app = build_fastapi_app(api_key=cfg.resolved_api_key, max_body_bytes=cfg.max_body_bytes, max_inputs=cfg.max_inputs)
+    endpoints = {
+        "embeddings": lambda a: a.post("/v1/embeddings"),
+        "models": lambda a: a.get("/v1/models"),
+        "model_data": lambda a: a.get("/v1/models/{model:path}"),
+        "health": lambda a: a.get("/health"),
+    }
+    ingress_cls = make_fastapi_ingress(TernaryIngress, endpoint_map=endpoints, app=app)
+    options = TernaryIngress.get_deployment_options([config])
+    options["ray_actor_options"] = {**options.get("ray_actor_options", {}), "num_cpus": 0}
+    print("ternary-serve ingress options:", pprint.pformat(options))
+    return serve.deployment(ingress_cls, **options).bind(
+        llm_deployments={config.model_id: server},
+        model_cards={config.model_id: to_model_metadata(config.model_id, config)},
+    )

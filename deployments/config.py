@@ -1,0 +1,84 @@
+"""The typed configuration of a ternary embedding application (the ``args`` of a Serve
+config's application). Unknown keys are refused; every field says what it does."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Literal, Optional
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+API_KEY_ENV = "TERNARY_API_KEY"
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+class Autoscaling(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    min_replicas: int = Field(1, ge=0, description="replicas kept when idle")
+    max_replicas: int = Field(1, ge=1, description="upper bound under load")
+    initial_replicas: Optional[int] = Field(None, ge=0, description="replicas at start (default min_replicas)")
+    target_ongoing_requests: float = Field(8, gt=0, description="ongoing requests per replica to aim for")
+    upscale_delay_s: float = Field(5, ge=0, description="load must persist this long before adding a replica")
+    downscale_delay_s: float = Field(30, ge=0, description="idleness must persist this long before removing one")
+
+    @model_validator(mode="after")
+    def _bounds(self):
+        if self.min_replicas > self.max_replicas:
+            raise ValueError(
+                f"autoscaling.min_replicas ({self.min_replicas}) > max_replicas ({self.max_replicas}): "
+                "raise max_replicas or lower min_replicas"
+            )
+        return self
+
+
+class TernaryServeConfig(BaseModel):
+    """One embedding model served by vLLM replicas behind an OpenAI-compatible ingress."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: str = Field(..., description="ternary checkpoint directory (a relative path is taken from the repository root)")
+    model_id: Optional[str] = Field(None, description="name clients send as `model` (default: the directory name)")
+    device: Literal["cpu", "gpu"] = Field("cpu", description="where the vLLM engines run")
+    tensor_parallel_size: int = Field(1, ge=1, le=8, description="GPUs (or CPU workers) per replica")
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field("auto", description="activation dtype")
+    max_model_len: Optional[int] = Field(None, ge=1, description="longest input in tokens (default: the model's)")
+    max_num_batched_tokens: Optional[int] = Field(None, ge=1, description="tokens per engine step")
+    enforce_eager: bool = Field(False, description="skip torch.compile / CUDA graphs (faster start)")
+    placement_strategy: Literal["STRICT_PACK", "PACK", "SPREAD", "STRICT_SPREAD"] = Field(
+        "STRICT_PACK", description="how a replica's bundles (one per TP worker) are placed"
+    )
+    cpus_per_worker: float = Field(1, gt=0, description="Ray CPUs reserved per TP worker")
+    autoscaling: Autoscaling = Field(default_factory=Autoscaling)
+    max_ongoing_requests: int = Field(64, ge=1, description="requests a replica works on at once")
+    max_queued_requests: int = Field(-1, ge=-1, description="requests waiting per deployment before 503 (-1: no bound)")
+    health_check_period_s: float = Field(10, gt=0)
+    health_check_timeout_s: float = Field(30, gt=0)
+    api_key: Optional[str] = Field(None, description=f"Bearer key clients must send (or set ${API_KEY_ENV})")
+    max_body_bytes: int = Field(2 * 1024 * 1024, ge=1024, description="larger request bodies get 413")
+    max_inputs: int = Field(2048, ge=1, description="inputs per request; more get 400")
+    engine_env: dict[str, str] = Field(default_factory=dict, description="extra environment for the engines")
+
+    @model_validator(mode="after")
+    def _model_dir(self):
+        path = Path(self.model)
+        if not path.is_absolute():
+            # Serve builds applications in a Ray worker whose working directory is not the
+            # user's: anchor relative paths at the repository root, where the configs live.
+            path = REPO_ROOT / path
+        if not (path / "config.json").is_file():
+            raise ValueError(
+                f"model: {self.model!r} ({path}) has no config.json; "
+                "convert a model first: python scripts/convert.py SRC DST"
+            )
+        self.model = str(path)
+        return self
+
+    @property
+    def served_name(self) -> str:
+        return self.model_id or Path(self.model).resolve().name
+
+    @property
+    def resolved_api_key(self) -> Optional[str]:
+        return self.api_key or os.environ.get(API_KEY_ENV) or None

@@ -1,0 +1,101 @@
+"""The HTTP surface: Ray Serve LLM's OpenAI ingress (``/v1/embeddings``, ``/v1/models``;
+vLLM's OpenAI protocol models and error schema), plus what production needs in front of
+it: an optional Bearer key (401), a body-size bound (413), an input-count bound (400),
+503 with Retry-After when the replicas' queues are full, and ``GET /health``."""
+
+from __future__ import annotations
+
+import hmac
+import json
+from typing import Optional
+
+from fastapi import Request
+from fastapi.responses import JSONResponse
+from ray.llm._internal.serve.core.ingress.ingress import OpenAiIngress, init
+from ray.serve.exceptions import BackPressureError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+RETRY_AFTER_S = "1"
+
+
+def openai_error(status: int, message: str, type_: str, param: Optional[str] = None, headers=None) -> JSONResponse:
+    """The OpenAI error schema: {"error": {"message", "type", "param", "code"}}."""
+    body = {"error": {"message": message, "type": type_, "param": param, "code": status}}
+    return JSONResponse(body, status_code=status, headers=headers)
+
+
+def build_fastapi_app(*, api_key: Optional[str], max_body_bytes: int, max_inputs: int):
+    """Ray Serve LLM's app (exception handling, CORS, metrics, request ids) + our guards."""
+    app = init()
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException):
+        # e.g. the ingress's 404 for an unknown model: same schema as every other error
+        kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
+        return openai_error(exc.status_code, str(exc.detail), kind, "model" if exc.status_code == 404 else None)
+
+    @app.middleware("http")
+    async def guards(request: Request, call_next):
+        if request.url.path.startswith("/v1/"):
+            if api_key is not None:
+                auth = request.headers.get("authorization", "")
+                given = auth[7:] if auth.lower().startswith("bearer ") else ""
+                if not given or not hmac.compare_digest(given.encode(), api_key.encode()):
+                    return openai_error(401, "missing or wrong API key: send 'Authorization: Bearer <key>'",
+                                        "authentication_error")
+            if request.method == "POST":
+                length = request.headers.get("content-length")
+                if length is not None and int(length) > max_body_bytes:
+                    return openai_error(413, f"request body of {length} bytes is larger than the limit of "
+                                             f"{max_body_bytes} bytes", "invalid_request_error")
+                body = await request.body()
+                if len(body) > max_body_bytes:
+                    return openai_error(413, f"request body of {len(body)} bytes is larger than the limit of "
+                                             f"{max_body_bytes} bytes", "invalid_request_error")
+                if request.url.path == "/v1/embeddings":
+                    problem = _input_problem(body, max_inputs)
+                    if problem:
+                        return openai_error(400, problem, "invalid_request_error", "input")
+        try:
+            return await call_next(request)
+        except BackPressureError:
+            return openai_error(503, "all replicas are at their queue limit; retry shortly", "overloaded_error",
+                                headers={"Retry-After": RETRY_AFTER_S})
+
+    return app
+
+
+def _input_problem(body: bytes, max_inputs: int) -> Optional[str]:
+    """Checks vLLM's request model leaves to the engine: empty inputs, too many inputs."""
+    try:
+        data = json.loads(body)
+    except ValueError:
+        return "request body is not valid JSON"
+    if not isinstance(data, dict):
+        return "request body must be a JSON object"
+    value = data.get("input")
+    if value is None:
+        return None  # the protocol model reports the missing field
+    if value == "" or value == []:
+        return "input must not be empty"
+    if isinstance(value, list):
+        if len(value) > max_inputs:
+            return f"input has {len(value)} items; at most {max_inputs} per request"
+        if any(item == "" or item == [] for item in value):
+            return "input must not contain empty strings or empty token lists"
+    return None
+
+
+class TernaryIngress(OpenAiIngress):
+    """OpenAI ingress with a health route that asks every model's replicas."""
+
+    async def health(self) -> JSONResponse:
+        failures = {}
+        for model_id, handle in self._default_serve_handles.items():
+            try:
+                await handle.check_health.remote()
+            except Exception as exc:  # any failure of the replica's check is "unhealthy", by design
+                failures[model_id] = f"{type(exc).__name__}: {exc}"
+        if failures:
+            return JSONResponse({"status": "unhealthy", "models": failures}, status_code=503)
+        return JSONResponse({"status": "ok"})

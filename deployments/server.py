@@ -1,0 +1,30 @@
+"""The replica: Ray Serve LLM's ``LLMServer`` (one vLLM async engine per replica), with a
+health check that also proves every tensor-parallel worker loaded the ternary plugin."""
+
+from __future__ import annotations
+
+from ray.serve.llm.deployment import LLMServer
+
+
+class PluginMissingError(RuntimeError):
+    """A vLLM worker of this replica serves a ternary model without the plugin."""
+
+
+def check_worker_status(statuses: list[dict]) -> None:
+    """Raise unless every rank reports the plugin loaded and ternary layers present."""
+    bad = [s for s in statuses if not s.get("plugin_loaded") or not s.get("ternary_layers")]
+    if not statuses or bad:
+        raise PluginMissingError(
+            "ternary plugin missing on vLLM worker(s) "
+            + ", ".join(f"tp rank {s.get('tp_rank')} (pid {s.get('pid')})" for s in bad or [{}])
+            + ": refusing to serve (check VLLM_PLUGINS and that ternary-serve is installed)"
+        )
+
+
+class TernaryLLMServer(LLMServer):
+    async def check_health(self) -> None:
+        await super().check_health()  # the engine is alive
+        client = getattr(self.engine, "_engine_client", None)
+        if client is None:
+            raise PluginMissingError("engine client not started")
+        check_worker_status(await client.collective_rpc("ternary_status"))

@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Start a private local Ray (loopback, its own ports and temp dir) and `serve run CONFIG` on it.
+# Ctrl-C (or killing this script's process group) stops both. Usage:
+#   bash scripts/serve_local.sh configs/cpu.yaml
+set -euo pipefail
+cd "$(dirname "$0")/.."
+source scripts/env.sh
+CONFIG=${1:-configs/cpu.yaml}
+RAY_PORT=${RAY_PORT:-6390}
+RAY_TMP=${RAY_TMP:-/tmp/ternary-ray}
+# Ray's CPU count is a logical budget for placement: the ingress takes 0, each engine worker
+# cpus_per_worker; 8 leaves room for autoscaled replicas on a 2-core machine.
+RAY_CPUS=${RAY_CPUS:-8}
+export RAY_ADDRESS="127.0.0.1:$RAY_PORT"
+# This cluster only, never another one on the machine: on exit, stop `serve run`, the
+# `ray start --block` parent, and every Ray daemon whose command line names this cluster's
+# private temp dir (gcs_server and raylet do; their workers exit with the raylet).
+.venv/bin/ray start --head --block --node-ip-address 127.0.0.1 --port "$RAY_PORT" --num-cpus "$RAY_CPUS" \
+  --dashboard-host 127.0.0.1 --dashboard-port "${DASHBOARD_PORT:-8265}" --temp-dir "$RAY_TMP" \
+  --disable-usage-stats >"$RAY_TMP.log" 2>&1 &
+RAY_PID=$!
+stop_cluster() {
+  kill "${SERVE_PID:-}" "$RAY_PID" 2>/dev/null
+  sleep 2
+  pkill -TERM -f -- "$RAY_TMP/session" 2>/dev/null
+  sleep 3
+  pkill -KILL -f -- "$RAY_TMP/session" 2>/dev/null
+  return 0
+}
+trap stop_cluster EXIT
+trap 'exit 143' INT TERM
+for _ in $(seq 60); do .venv/bin/ray status --address "$RAY_ADDRESS" >/dev/null 2>&1 && break; sleep 1; done
+.venv/bin/serve run --address "$RAY_ADDRESS" "$CONFIG" &
+SERVE_PID=$!
+wait $SERVE_PID

@@ -1,0 +1,164 @@
+"""`serve run configs/cpu.yaml` as a user runs it (private local Ray on 127.0.0.1), queried
+with the openai client: embeddings equal offline vLLM, bad inputs get their status and a
+message naming the problem, and a bounded burst of 200 requests is answered in full."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import httpx
+import pytest
+import torch
+
+from tests.conftest import REPO
+
+pytest.importorskip("ray.serve.llm")
+pytestmark = pytest.mark.vllm
+
+KEY = "test-key-123"
+PORT = 8000  # from configs/cpu.yaml
+BASE = f"http://127.0.0.1:{PORT}"
+MODEL = "minilm-ternary"
+TEXTS = ["The quick brown fox jumps over the lazy dog.", "What is the capital of France?"]
+
+
+def _ensure_model():
+    dst = REPO / "models" / "minilm-ternary"
+    if not (dst / "config.json").is_file():
+        from ternary_plugin.convert import convert
+        from tests.conftest import _minilm_src
+
+        convert(src=_minilm_src(), dst=dst, quality_check=False, progress=False)
+    return dst
+
+
+def start_serve(config: str, log_path, env_extra=None):
+    env = dict(os.environ, TERNARY_API_KEY=KEY, RAY_PORT="6391", RAY_TMP="/tmp/ternary-ray-test",
+               DASHBOARD_PORT="8266", **(env_extra or {}))
+    log = open(log_path, "w")
+    proc = subprocess.Popen(["bash", "scripts/serve_local.sh", config], cwd=REPO, env=env, stdout=log,
+                            stderr=subprocess.STDOUT, start_new_session=True)
+    deadline = time.time() + 420
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"serve exited early:\n{open(log_path).read()[-4000:]}")
+        try:
+            if httpx.get(f"{BASE}/health", timeout=5).status_code == 200:
+                return proc
+        except httpx.HTTPError:
+            pass
+        time.sleep(3)
+    stop_serve(proc)
+    raise RuntimeError(f"serve not healthy in 420 s:\n{open(log_path).read()[-4000:]}")
+
+
+def stop_serve(proc):
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=60)
+    except (ProcessLookupError, subprocess.TimeoutExpired):
+        os.killpg(proc.pid, signal.SIGKILL)
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    model = _ensure_model()
+    proc = start_serve("configs/cpu.yaml", tmp_path_factory.mktemp("serve") / "serve.log")
+    yield model
+    stop_serve(proc)
+
+
+def post(payload, key=KEY, content=None):
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    return httpx.post(f"{BASE}/v1/embeddings", json=None if content else payload, content=content,
+                      headers={**headers, "Content-Type": "application/json"}, timeout=60)
+
+
+def test_openai_client_embeddings_equal_offline_vllm(server):
+    from openai import OpenAI
+
+    client = OpenAI(base_url=f"{BASE}/v1", api_key=KEY)
+    resp = client.embeddings.create(model=MODEL, input=TEXTS)
+    served = torch.tensor([d.embedding for d in resp.data])
+    env = dict(os.environ, PYTHONPATH=str(REPO), VLLM_CPU_OMP_THREADS_BIND="0-1", VLLM_CPU_KVCACHE_SPACE="1")
+    proc = subprocess.run([sys.executable, "scripts/embed.py", str(server), "--dtype", "float32", *TEXTS],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    offline = torch.tensor(json.loads(next(x for x in proc.stdout.splitlines() if x.startswith("RESULT "))[7:])["embeddings"])
+    assert served.shape == offline.shape == (2, 384)
+    # same engine, same fp32 math: equal up to summation order
+    assert float((served - offline).abs().max()) < 1e-5
+    assert resp.usage.prompt_tokens == sum(json.loads(next(x for x in proc.stdout.splitlines() if x.startswith("RESULT "))[7:])["prompt_tokens"])
+
+
+def test_token_ids_and_base64(server):
+    ids = [[101, 7592, 2088, 102], [101, 2088, 102]]
+    floats = post({"model": MODEL, "input": ids}).json()
+    b64 = post({"model": MODEL, "input": ids, "encoding_format": "base64"}).json()
+    for f, b in zip(floats["data"], b64["data"]):
+        decoded = torch.frombuffer(bytearray(base64.b64decode(b["embedding"])), dtype=torch.float32)
+        assert torch.allclose(decoded, torch.tensor(f["embedding"]), atol=0), "base64 must carry the same floats"
+    assert floats["usage"]["prompt_tokens"] == 7
+
+
+BAD = [
+    ("empty string", {"input": ""}, 400, "input must not be empty"),
+    ("empty list", {"input": []}, 400, "input must not be empty"),
+    ("empty item", {"input": ["ok", ""]}, 400, "must not contain empty strings"),
+    ("wrong type", {"input": 42}, 400, "input"),
+    ("too many inputs", {"input": ["a"] * 257}, 400, "at most 256 per request"),
+    ("too long", {"input": "word " * 600}, 400, "maximum context length is 256 tokens"),
+    ("dimensions", {"input": "hi", "dimensions": 8}, 400, "dimensions"),
+    ("unknown model", {"model": "nope", "input": "x"}, 404, 'model "nope"'),
+]
+
+
+@pytest.mark.parametrize("name,payload,status,message", BAD, ids=[b[0] for b in BAD])
+def test_bad_input(server, name, payload, status, message):
+    r = post({"model": MODEL, **payload})
+    assert r.status_code == status, r.text
+    err = r.json()["error"]
+    assert message in err["message"], err
+    assert err["code"] in (status, str(status)) or isinstance(err["code"], str)
+
+
+def test_truncation_is_allowed(server):
+    r = post({"model": MODEL, "input": "word " * 600, "truncate_prompt_tokens": 256})
+    assert r.status_code == 200 and r.json()["usage"]["prompt_tokens"] == 256
+
+
+def test_auth_and_body_limit(server):
+    assert post({"model": MODEL, "input": "x"}, key=None).status_code == 401
+    r = post({"model": MODEL, "input": "x"}, key="wrong")
+    assert r.status_code == 401 and "API key" in r.json()["error"]["message"]
+    big = json.dumps({"model": MODEL, "input": "w " * 1_100_000}).encode()
+    r = post(None, content=big)
+    assert r.status_code == 413 and "larger than the limit of 2097152 bytes" in r.json()["error"]["message"]
+
+
+def test_models_and_health(server):
+    models = httpx.get(f"{BASE}/v1/models", headers={"Authorization": f"Bearer {KEY}"}, timeout=30).json()
+    assert [m["id"] for m in models["data"]] == [MODEL]
+    assert httpx.get(f"{BASE}/health", timeout=30).json() == {"status": "ok"}
+
+
+def test_burst_of_200_at_concurrency_32(server):
+    async def run():
+        sem = asyncio.Semaphore(32)
+        async with httpx.AsyncClient(timeout=120) as client:
+            async def one(i):
+                async with sem:
+                    r = await client.post(f"{BASE}/v1/embeddings", headers={"Authorization": f"Bearer {KEY}"},
+                                          json={"model": MODEL, "input": f"request number {i} about ternary weights"})
+                    return r.status_code
+            return await asyncio.wait_for(asyncio.gather(*(one(i) for i in range(200))), timeout=600)
+
+    codes = asyncio.run(run())
+    assert len(codes) == 200
+    assert codes.count(200) == 200, {c: codes.count(c) for c in set(codes)}
