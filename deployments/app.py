@@ -45,7 +45,7 @@ def llm_config(cfg: TernaryServeConfig):
     from ternary_plugin.preflight import check_plugin_for
     from ternary_plugin.worker_ext import EXTENSION
 
-    check_plugin_for(cfg.model)  # a clear error here rather than "Unknown quantization method"
+    check_plugin_for(cfg.model_path)  # a clear error here rather than "Unknown quantization method"
     tp = cfg.tensor_parallel_size
     engine_kwargs = {
         "runner": "pooling",
@@ -71,7 +71,7 @@ def llm_config(cfg: TernaryServeConfig):
     env.update(cfg.engine_env)
     scaling = cfg.autoscaling
     return LLMConfig(
-        model_loading_config={"model_id": cfg.served_name, "model_source": str(Path(cfg.model).resolve())},
+        model_loading_config={"model_id": cfg.served_name, "model_source": str(cfg.model_path.resolve())},
         accelerator_config={"kind": cfg.device},
         engine_kwargs=engine_kwargs,
         placement_group_config={"bundles": bundles, "strategy": cfg.placement_strategy},
@@ -103,6 +103,7 @@ def build_app(args: dict) -> Application:
     from deployments.ingress import TernaryIngress, build_fastapi_app
 
     cfg = TernaryServeConfig.model_validate(args)
+    cfg.check_model_dir()
     config = llm_config(cfg)
     server = build_llm_deployment(config)
     app = build_fastapi_app(api_key=cfg.resolved_api_key, max_body_bytes=cfg.max_body_bytes, max_inputs=cfg.max_inputs)

@@ -60,24 +60,25 @@ class TernaryServeConfig(BaseModel):
     max_inputs: int = Field(2048, ge=1, description="inputs per request; more get 400")
     engine_env: dict[str, str] = Field(default_factory=dict, description="extra environment for the engines")
 
-    @model_validator(mode="after")
-    def _model_dir(self):
+    @property
+    def model_path(self) -> Path:
+        """The checkpoint directory. Serve builds applications in a Ray worker whose working
+        directory is not the user's: a relative path is anchored at the repository root."""
         path = Path(self.model)
-        if not path.is_absolute():
-            # Serve builds applications in a Ray worker whose working directory is not the
-            # user's: anchor relative paths at the repository root, where the configs live.
-            path = REPO_ROOT / path
-        if not (path / "config.json").is_file():
+        return path if path.is_absolute() else REPO_ROOT / path
+
+    def check_model_dir(self) -> Path:
+        """Refuse, before any replica starts, a model directory that is not there."""
+        if not (self.model_path / "config.json").is_file():
             raise ValueError(
-                f"model: {self.model!r} ({path}) has no config.json; "
+                f"model: {self.model!r} ({self.model_path}) has no config.json; "
                 "convert a model first: python scripts/convert.py SRC DST"
             )
-        self.model = str(path)
-        return self
+        return self.model_path
 
     @property
     def served_name(self) -> str:
-        return self.model_id or Path(self.model).resolve().name
+        return self.model_id or self.model_path.resolve().name
 
     @property
     def resolved_api_key(self) -> Optional[str]:

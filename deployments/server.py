@@ -32,3 +32,25 @@ class TernaryLLMServer(LLMServer):
         if client is None:
             raise PluginMissingError("engine client not started")
         check_worker_status(await client.collective_rpc("ternary_status"))
+
+    async def ternary_shards(self) -> dict:
+        """This replica's per-rank report (reconciliation job): which replica, then every
+        rank's ternary layers with the digest of their logical content."""
+        from ray import serve
+
+        client = getattr(self.engine, "_engine_client", None)
+        if client is None:
+            raise PluginMissingError("engine client not started")
+        ctx = serve.get_replica_context()
+        return {
+            "replica": ctx.replica_id.unique_id,
+            "app": ctx.app_name,
+            "deployment": ctx.deployment,
+            "model_dir": self._llm_config.model_loading_config.model_source,
+            "ranks": await client.collective_rpc("ternary_report"),
+        }
+
+    async def ternary_inject_fault(self, layer_suffix: str, kind: str, rank: int) -> list:
+        """Test-only: corrupt one rank's copy of a layer (the workers refuse unless
+        TERNARY_ALLOW_FAULT_INJECTION=1)."""
+        return await self.engine._engine_client.collective_rpc("ternary_inject_fault", args=(layer_suffix, kind, rank))

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
 # Start a private local Ray (loopback, its own ports and temp dir) and `serve run CONFIG` on it.
+# Prometheus metrics (Serve's and the LLM engines') at http://127.0.0.1:$METRICS_PORT/metrics.
 # Ctrl-C (or killing this script's process group) stops both. Usage:
 #   bash scripts/serve_local.sh configs/cpu.yaml
 set -euo pipefail
@@ -17,6 +18,7 @@ export RAY_ADDRESS="127.0.0.1:$RAY_PORT"
 # private temp dir (gcs_server and raylet do; their workers exit with the raylet).
 .venv/bin/ray start --head --block --node-ip-address 127.0.0.1 --port "$RAY_PORT" --num-cpus "$RAY_CPUS" \
   --dashboard-host 127.0.0.1 --dashboard-port "${DASHBOARD_PORT:-8265}" --temp-dir "$RAY_TMP" \
+  --metrics-export-port "${METRICS_PORT:-8081}" \
   --disable-usage-stats >"$RAY_TMP.log" 2>&1 &
 RAY_PID=$!
 stop_cluster() {

@@ -147,11 +147,24 @@ class Logical:
     kp: int
 
     def digest(self) -> str:
+        """SHA-256 over shape, column range, codes (int8, row-major), scales (fp16 bits)."""
         h = hashlib.sha256()
         h.update(f"{tuple(self.codes.shape)}|{self.k_start}|{self.kp}|".encode())
-        h.update(self.codes.cpu().contiguous().numpy().tobytes())
-        h.update(self.scales.cpu().contiguous().view(torch.int16).numpy().tobytes())
+        h.update(self._codes_bytes())
+        h.update(self._scales_bytes())
         return h.hexdigest()
+
+    def codes_digest(self) -> str:
+        return hashlib.sha256(self._codes_bytes()).hexdigest()
+
+    def scales_digest(self) -> str:
+        return hashlib.sha256(self._scales_bytes()).hexdigest()
+
+    def _codes_bytes(self) -> bytes:
+        return self.codes.cpu().contiguous().numpy().tobytes()
+
+    def _scales_bytes(self) -> bytes:
+        return self.scales.cpu().contiguous().view(torch.int16).numpy().tobytes()
 
 
 def logical_view(layer) -> Logical:

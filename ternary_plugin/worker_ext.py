@@ -45,6 +45,8 @@ def layer_report(layer: torch.nn.Module) -> dict:
         "kp": view.kp,
         "k_offset": layer.ternary_k_offset,
         "digest": view.digest(),
+        "codes_digest": view.codes_digest(),
+        "scales_digest": view.scales_digest(),
     }
 
 
@@ -66,6 +68,27 @@ class TernaryWorkerExtension:
             "plugin_loaded": is_registered(),
             "ternary_layers": len(ternary_layers(self._ternary_model())),
         }
+
+    def ternary_inject_fault(self, layer_suffix: str, kind: str, rank: int) -> str | None:
+        """Test-only: on tp rank ``rank`` only, corrupt one layer ("flip" a packed byte's bits,
+        or "shift" its scales by one block). Refused unless TERNARY_ALLOW_FAULT_INJECTION=1."""
+        from vllm.distributed import get_tensor_model_parallel_rank
+
+        if os.environ.get("TERNARY_ALLOW_FAULT_INJECTION") != "1":
+            raise PermissionError("fault injection is disabled (TERNARY_ALLOW_FAULT_INJECTION != 1)")
+        if get_tensor_model_parallel_rank() != rank:
+            return None
+        layers = ternary_layers(self._ternary_model())
+        name = next(n for n in layers if n.endswith(layer_suffix))
+        layer = layers[name]
+        with torch.no_grad():
+            if kind == "flip":
+                layer.packed_ternary_weight.data[0, 0] ^= 0b0101  # two codes change
+            elif kind == "shift":
+                layer.weight_scale.data.copy_(torch.roll(layer.weight_scale.data, 1, dims=1))
+            else:
+                raise ValueError(f"unknown fault kind {kind!r}: use 'flip' or 'shift'")
+        return name
 
     def ternary_report(self) -> dict:
         from vllm.distributed import get_tensor_model_parallel_rank, get_tensor_model_parallel_world_size

@@ -16,6 +16,7 @@ PORT = 8000  # from the configs
 BASE = f"http://127.0.0.1:{PORT}"
 MODEL = "minilm-ternary"
 RAY_TMP = "/tmp/ternary-ray-test"
+METRICS_PORT = 8091
 
 
 def ensure_model():
@@ -31,6 +32,7 @@ def ensure_model():
 
 def start_serve(config: str, log_path, env_extra=None, timeout_s: float = 420):
     env = dict(os.environ, TERNARY_API_KEY=KEY, RAY_PORT="6391", RAY_TMP=RAY_TMP, DASHBOARD_PORT="8266",
+               METRICS_PORT=str(METRICS_PORT),
                **(env_extra or {}))
     log = open(log_path, "w")
     proc = subprocess.Popen(["bash", "scripts/serve_local.sh", str(config)], cwd=REPO, env=env, stdout=log,

@@ -20,10 +20,14 @@ pytestmark = pytest.mark.vllm
 SERVE = str(Path(sys.executable).parent / "serve")
 
 
+LAST_STATUS = {}
+
+
 def running_llm_replicas() -> int:
-    out = subprocess.run([SERVE, "status", "--address", "http://127.0.0.1:8266"], capture_output=True, text=True,
-                         timeout=60).stdout
-    status = yaml.safe_load(out) or {}
+    proc = subprocess.run([SERVE, "status", "--address", "http://127.0.0.1:8266"], capture_output=True, text=True,
+                          timeout=60)
+    LAST_STATUS["out"] = proc.stdout + proc.stderr[-1000:]
+    status = yaml.safe_load(proc.stdout) or {}
     deployments = status.get("applications", {}).get("ternary-embeddings", {}).get("deployments", {})
     for name, dep in deployments.items():
         if name.startswith("TernaryLLMServer"):
@@ -39,9 +43,12 @@ async def load_until(predicate, seconds: float, concurrency: int = 16) -> tuple[
     async def worker(client):
         nonlocal sent
         while not stop.is_set():
-            await client.post(f"{BASE}/v1/embeddings", headers={"Authorization": f"Bearer {KEY}"},
-                              json={"model": MODEL, "input": ["autoscaling load " * 20] * 4})
-            sent += 1
+            try:
+                await client.post(f"{BASE}/v1/embeddings", headers={"Authorization": f"Bearer {KEY}"},
+                                  json={"model": MODEL, "input": ["autoscaling load " * 20] * 4})
+                sent += 1
+            except httpx.HTTPError:
+                await asyncio.sleep(0.5)  # counted as not sent; the load goes on
 
     async with httpx.AsyncClient(timeout=120) as client:
         tasks = [asyncio.create_task(worker(client)) for _ in range(concurrency)]
@@ -61,12 +68,48 @@ def test_grows_under_load_and_shrinks_when_idle(tmp_path):
     ensure_model()
     proc = start_serve("configs/cpu-autoscale.yaml", tmp_path / "serve.log")
     try:
-        assert running_llm_replicas() == 1
+        deadline = time.time() + 60
+        while running_llm_replicas() != 1 and time.time() < deadline:
+            time.sleep(3)
+        assert running_llm_replicas() == 1, LAST_STATUS["out"]
         grew, sent = asyncio.run(load_until(lambda: running_llm_replicas() >= 2, seconds=240))
-        assert grew, f"no second replica after 240 s of load ({sent} requests)"
+        assert grew, f"no second replica after 240 s of load ({sent} requests): {LAST_STATUS['out']}"
         deadline = time.time() + 180
         while time.time() < deadline and running_llm_replicas() > 1:
             time.sleep(5)
         assert running_llm_replicas() == 1, "did not shrink back to 1 replica within 180 s idle"
+    finally:
+        stop_serve(proc)
+
+
+def test_full_queue_gets_503_with_retry_after_and_metrics_are_exported(tmp_path):
+    """max_ongoing_requests 1 and max_queued_requests 1: a burst of 32 concurrent requests is
+    answered in full, each either 200 or 503 with Retry-After; none lost or hung."""
+    from tests.serve_helpers import METRICS_PORT, REPO
+
+    ensure_model()
+    cfg = yaml.safe_load((REPO / "configs" / "cpu.yaml").read_text())
+    cfg["applications"][0]["args"].update(max_ongoing_requests=1, max_queued_requests=1)
+    path = tmp_path / "queue.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    proc = start_serve(path, tmp_path / "serve.log")
+    try:
+        async def burst():
+            async with httpx.AsyncClient(timeout=120) as client:
+                async def one(i):
+                    r = await client.post(f"{BASE}/v1/embeddings", headers={"Authorization": f"Bearer {KEY}"},
+                                          json={"model": MODEL, "input": [f"queue test {i} " * 30] * 8})
+                    return r.status_code, r.headers.get("retry-after"), r.text
+                return await asyncio.wait_for(asyncio.gather(*(one(i) for i in range(32))), timeout=300)
+
+        results = asyncio.run(burst())
+        codes = [c for c, _, _ in results]
+        assert len(results) == 32 and set(codes) <= {200, 503}, {c: codes.count(c) for c in set(codes)}
+        assert codes.count(503) > 0 and codes.count(200) > 0, {c: codes.count(c) for c in set(codes)}
+        for code, retry, text in results:
+            if code == 503:
+                assert retry is not None and "queue limit" in text, (retry, text)
+        metrics = httpx.get(f"http://127.0.0.1:{METRICS_PORT}/metrics", timeout=30).text
+        assert "ray_serve_num_http_requests" in metrics or "ray_serve_deployment_request_counter" in metrics
     finally:
         stop_serve(proc)

@@ -1,0 +1,102 @@
+"""Prove every tensor-parallel rank of every replica holds exactly the right ternary weights.
+
+Live (a running Serve deployment; also as a Ray job: ray job submit -- python scripts/reconcile.py):
+    python scripts/reconcile.py [--address 127.0.0.1:6390] [--app ternary-embeddings] [--timeout 60]
+                                [--restart-bad] [--json report.json]
+Offline (no cluster: every rank loaded in-process through the plugin's loading path):
+    python scripts/reconcile.py --offline MODEL_DIR --tp N [--json report.json]
+
+Prints a table (replica, rank, layer, status), a summary line, and optionally a JSON report.
+Exit 0: all match; 1: any mismatch; 2: something could not be reached (bounded timeouts).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+DEPLOYMENT_PREFIX = "TernaryLLMServer"
+
+
+def live(address: str, app: str | None, timeout: float, restart_bad: bool):
+    import ray
+    from ray import serve
+
+    from ternary_plugin.reconcile import Expected, compare_rank
+
+    ray.init(address=address, namespace="serve", logging_level="ERROR", log_to_driver=False)
+    rows, unreachable = [], []
+    targets = []
+    for app_name, app_status in serve.status().applications.items():
+        if app and app_name != app:
+            continue
+        for dep_name, dep in app_status.deployments.items():
+            if dep_name.startswith(DEPLOYMENT_PREFIX):
+                targets.append((app_name, dep_name, int(dep.replica_states.get("RUNNING", 0))))
+    if not targets:
+        unreachable.append(f"no {DEPLOYMENT_PREFIX} deployment found" + (f" in application {app!r}" if app else ""))
+    expected_cache = {}
+    for app_name, dep_name, running in targets:
+        handle = serve.get_deployment_handle(dep_name, app_name)
+        reports, deadline = {}, time.time() + timeout
+        # Serve routes each call to some replica: ask until every RUNNING replica answered.
+        while len(reports) < running and time.time() < deadline:
+            try:
+                rep = handle.ternary_shards.remote().result(timeout_s=max(1.0, deadline - time.time()))
+            except Exception as exc:  # a dead engine, a replica going away, a timeout: all "unreachable"
+                unreachable.append(f"{app_name}/{dep_name}: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}")
+                break
+            reports[rep["replica"]] = rep
+        if len(reports) < running and not unreachable:
+            unreachable.append(f"{app_name}/{dep_name}: {running - len(reports)} of {running} replicas did not answer in {timeout:.0f} s")
+        bad_replicas = set()
+        for replica, rep in reports.items():
+            tp = max(int(r["tp_size"]) for r in rep["ranks"])
+            key = (rep["model_dir"], tp)
+            if key not in expected_cache:
+                expected_cache[key] = Expected(Path(rep["model_dir"]), tp)
+            for rank_report in sorted(rep["ranks"], key=lambda r: r["tp_rank"]):
+                new = compare_rank(expected_cache[key], replica, rank_report)
+                rows += new
+                if any(r.status != "OK" for r in new):
+                    bad_replicas.add(replica)
+        if restart_bad:
+            for replica in bad_replicas:
+                actor = ray.get_actor(f"SERVE_REPLICA::{app_name}#{dep_name}#{replica}", namespace="serve")
+                ray.kill(actor, no_restart=True)  # Serve starts a replacement
+                print(f"restarting replica {replica} of {app_name}/{dep_name}")
+    return rows, unreachable
+
+
+def main(argv=None) -> int:
+    from ternary_plugin.reconcile import offline, report_json, summarize, table
+
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--offline", type=Path, metavar="MODEL_DIR")
+    ap.add_argument("--tp", type=int, default=1, help="offline: tensor-parallel size to simulate")
+    ap.add_argument("--address", default=os.environ.get("RAY_ADDRESS", "auto"))
+    ap.add_argument("--app", default=None, help="Serve application name (default: all)")
+    ap.add_argument("--timeout", type=float, default=60, help="seconds to wait for each deployment")
+    ap.add_argument("--restart-bad", action="store_true", help="replace replicas that mismatch")
+    ap.add_argument("--json", type=Path, help="write the JSON report here")
+    args = ap.parse_args(argv)
+    try:
+        if args.offline:
+            rows, unreachable = offline(args.offline, args.tp)
+        else:
+            rows, unreachable = live(args.address, args.app, args.timeout, args.restart_bad)
+    except ConnectionError as exc:
+        rows, unreachable = [], [f"cluster at {args.address}: {exc}"]
+    code, line = summarize(rows, unreachable)
+    print(table(rows))
+    print(line)
+    if args.json:
+        args.json.write_text(report_json(rows, unreachable, code, line))
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

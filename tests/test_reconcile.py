@@ -1,0 +1,48 @@
+"""The reconciliation job's offline mode: every rank loaded in-process through the plugin's
+loading path, compared with slices cut independently from the checkpoint on disk."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from tests.conftest import REPO
+
+pytest.importorskip("vllm")
+
+
+@pytest.mark.parametrize("tp", [1, 2, 4])
+def test_offline_passes_and_lists_every_rank(tiny_qwen3, tmp_path, tp):
+    out = tmp_path / "report.json"
+    proc = subprocess.run([sys.executable, "scripts/reconcile.py", "--offline", str(tiny_qwen3["dst"]), "--tp", str(tp),
+                           "--json", str(out)], cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    report = json.loads(out.read_text())
+    assert report["exit_code"] == 0 and report["summary"].startswith(f"PASS: 1 replica(s), {tp} rank(s)")
+    assert sorted({r["rank"] for r in report["rows"]}) == list(range(tp))
+    assert all(r["status"] == "OK" for r in report["rows"])
+
+
+def test_offline_detects_a_loader_that_shifts_scales(tiny_bert, monkeypatch):
+    """Break the loader's row-parallel scale slicing (one block off): the job, which cuts its
+    expected slices without the loader's code, names the rank, the layer and what differs."""
+    from ternary_plugin import params, reconcile
+
+    real = params.shard_scale_k
+
+    def shifted(scale, k, k_start, kp, block_size):
+        local, off = real(scale, k, k_start, kp, block_size)
+        return torch.roll(local, 1, dims=1), off
+
+    monkeypatch.setattr(params, "shard_scale_k", shifted)
+    rows, unreachable = reconcile.offline(tiny_bert["dst"], 2)
+    code, line = reconcile.summarize(rows, unreachable)
+    bad = [r for r in rows if r.status != "OK"]
+    assert code == reconcile.MISMATCH and line.startswith("FAIL")
+    assert bad and all(r.layer.endswith(("attention.output.dense", "output.dense")) for r in bad)
+    assert {r.rank for r in bad} == {0, 1}
+    assert all(r.detail == "scales differ" for r in bad), [r.detail for r in bad]

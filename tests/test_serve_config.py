@@ -1,0 +1,63 @@
+"""Every Serve config parses with Ray Serve's own schema and our typed args, and the GPU
+configs produce the placement groups they promise (no cluster needed)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.conftest import REPO
+
+pytest.importorskip("ray.serve.llm")
+
+from ray.serve.schema import ServeDeploySchema  # noqa: E402
+
+from deployments.app import llm_config, omp_bind  # noqa: E402
+from deployments.config import TernaryServeConfig  # noqa: E402
+
+CONFIGS = sorted((REPO / "configs").glob("*.yaml"))
+
+
+def _args(path: Path) -> dict:
+    return yaml.safe_load(path.read_text())["applications"][0]["args"]
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=[p.name for p in CONFIGS])
+def test_config_validates(path):
+    schema = ServeDeploySchema.model_validate(yaml.safe_load(path.read_text()))
+    assert schema.applications[0].import_path == "deployments.app:build_app"
+    cfg = TernaryServeConfig.model_validate(_args(path))
+    assert cfg.autoscaling.min_replicas <= cfg.autoscaling.max_replicas
+
+
+@pytest.mark.parametrize("name,tp", [("tp1.yaml", 1), ("tp2.yaml", 2), ("tp4.yaml", 4)])
+def test_gpu_placement_groups(name, tp):
+    cfg = TernaryServeConfig.model_validate(_args(REPO / "configs" / name))
+    assert cfg.device == "gpu" and cfg.tensor_parallel_size == tp
+    llm = llm_config(cfg)
+    assert llm.placement_group_config["strategy"] == "STRICT_PACK"
+    assert llm.placement_group_config["bundles"] == [{"GPU": 1, "CPU": 1}] * tp
+    assert llm.engine_kwargs["tensor_parallel_size"] == tp
+    assert llm.runtime_env["env_vars"]["VLLM_PLUGINS"] == "ternary"
+    assert "distributed_executor_backend" not in llm.engine_kwargs  # Ray workers inside the placement group
+
+
+def test_unknown_and_out_of_range_keys_are_refused():
+    base = _args(REPO / "configs" / "cpu.yaml")
+    with pytest.raises(ValueError, match="max_replica_count"):
+        TernaryServeConfig.model_validate({**base, "max_replica_count": 3})
+    with pytest.raises(ValueError, match=r"min_replicas \(3\) > max_replicas \(1\)"):
+        TernaryServeConfig.model_validate({**base, "autoscaling": {"min_replicas": 3, "max_replicas": 1}})
+    with pytest.raises(ValueError, match="tensor_parallel_size"):
+        TernaryServeConfig.model_validate({**base, "tensor_parallel_size": 0})
+    with pytest.raises(ValueError, match="has no config.json; convert a model first"):
+        TernaryServeConfig.model_validate({**base, "model": "models/does-not-exist"}).check_model_dir()
+
+
+def test_omp_bind_splits_cores_over_ranks():
+    assert omp_bind(1, 2) == "0-1"
+    assert omp_bind(2, 2) == "0|1"
+    assert omp_bind(4, 2) == "0|1|0|1"
+    assert omp_bind(2, 8) == "0-3|4-7"
