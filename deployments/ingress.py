@@ -10,7 +10,8 @@ import json
 from typing import Optional
 
 from fastapi import Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
+from ray.llm._internal.serve.core.configs.openai_api_models import EmbeddingRequest
 from ray.llm._internal.serve.core.ingress.ingress import OpenAiIngress, init
 from ray.serve.exceptions import BackPressureError
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -56,11 +57,7 @@ def build_fastapi_app(*, api_key: Optional[str], max_body_bytes: int, max_inputs
                     problem = _input_problem(body, max_inputs)
                     if problem:
                         return openai_error(400, problem, "invalid_request_error", "input")
-        try:
-            return await call_next(request)
-        except BackPressureError:
-            return openai_error(503, "all replicas are at their queue limit; retry shortly", "overloaded_error",
-                                headers={"Retry-After": RETRY_AFTER_S})
+        return await call_next(request)
 
     return app
 
@@ -87,7 +84,15 @@ def _input_problem(body: bytes, max_inputs: int) -> Optional[str]:
 
 
 class TernaryIngress(OpenAiIngress):
-    """OpenAI ingress with a health route that asks every model's replicas."""
+    """OpenAI ingress with a health route that asks every model's replicas, and a full
+    replica queue answered as an OpenAI error with Retry-After."""
+
+    async def embeddings(self, body: EmbeddingRequest, request: Request) -> Response:
+        try:
+            return await super().embeddings(body, request)
+        except BackPressureError:
+            return openai_error(503, "all replicas are at their queue limit; retry shortly", "overloaded_error",
+                                headers={"Retry-After": RETRY_AFTER_S})
 
     async def health(self) -> JSONResponse:
         failures = {}
