@@ -71,6 +71,27 @@ def live(address: str, app: str | None, timeout: float, restart_bad: bool):
     return rows, unreachable
 
 
+def bounded(fn, seconds: float, *args):
+    """Run fn in a daemon thread; if it has not returned in `seconds` (a cluster that does not
+    answer ray.init or serve.status), report it as unreachable instead of hanging."""
+    import threading
+
+    box = {}
+
+    def run():
+        try:
+            box["result"] = fn(*args)
+        except Exception as exc:  # reported below as unreachable, with its type and message
+            box["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:300] if str(exc) else ''}"
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(seconds)
+    if "result" in box:
+        return box["result"]
+    return [], [box.get("error") or f"no answer from the cluster within {seconds:.0f} s"]
+
+
 def main(argv=None) -> int:
     from ternary_plugin.reconcile import offline, report_json, summarize, table
 
@@ -87,7 +108,7 @@ def main(argv=None) -> int:
         if args.offline:
             rows, unreachable = offline(args.offline, args.tp)
         else:
-            rows, unreachable = live(args.address, args.app, args.timeout, args.restart_bad)
+            rows, unreachable = bounded(live, args.timeout + 60, args.address, args.app, args.timeout, args.restart_bad)
     except ConnectionError as exc:
         rows, unreachable = [], [f"cluster at {args.address}: {exc}"]
     code, line = summarize(rows, unreachable)
@@ -95,7 +116,8 @@ def main(argv=None) -> int:
     print(line)
     if args.json:
         args.json.write_text(report_json(rows, unreachable, code, line))
-    return code
+    sys.stdout.flush()
+    os._exit(code)  # a daemon thread still waiting on a dead cluster must not keep us alive
 
 
 if __name__ == "__main__":

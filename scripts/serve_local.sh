@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Start a private local Ray (loopback, its own ports and temp dir) and `serve run CONFIG` on it.
+# Start a private local Ray (loopback, its own ports and temp dir) and `serve run CONFIG` on it
+# (SERVE_MODE=deploy: `serve deploy CONFIG` through the dashboard instead).
 # Prometheus metrics (Serve's and the LLM engines') at http://127.0.0.1:$METRICS_PORT/metrics.
 # Ctrl-C (or killing this script's process group) stops both. Usage:
 #   bash scripts/serve_local.sh configs/cpu.yaml
@@ -32,6 +33,13 @@ stop_cluster() {
 trap stop_cluster EXIT
 trap 'exit 143' INT TERM
 for _ in $(seq 60); do .venv/bin/ray status --address "$RAY_ADDRESS" >/dev/null 2>&1 && break; sleep 1; done
-.venv/bin/serve run --address "$RAY_ADDRESS" "$CONFIG" &
+if [ "${SERVE_MODE:-run}" = deploy ]; then
+  # `serve deploy` hands the config to the cluster's dashboard and returns; keep this script
+  # (and so the cluster) alive until it is stopped.
+  .venv/bin/serve deploy --address "http://127.0.0.1:${DASHBOARD_PORT:-8265}" "$CONFIG"
+  sleep infinity &
+else
+  .venv/bin/serve run --address "$RAY_ADDRESS" "$CONFIG" &
+fi
 SERVE_PID=$!
 wait $SERVE_PID

@@ -83,8 +83,9 @@ def test_grows_under_load_and_shrinks_when_idle(tmp_path):
 
 
 def test_full_queue_gets_503_with_retry_after_and_metrics_are_exported(tmp_path):
-    """max_ongoing_requests 1 and max_queued_requests 1: a burst of 32 concurrent requests is
-    answered in full, each either 200 or 503 with Retry-After; none lost or hung."""
+    """Deployed with `serve deploy` (the other tests use `serve run`). max_ongoing_requests 1
+    and max_queued_requests 1: a burst of 32 concurrent requests is answered in full, each
+    either 200 or 503 with Retry-After; none lost or hung."""
     from tests.serve_helpers import METRICS_PORT, REPO
 
     ensure_model()
@@ -92,7 +93,7 @@ def test_full_queue_gets_503_with_retry_after_and_metrics_are_exported(tmp_path)
     cfg["applications"][0]["args"].update(max_ongoing_requests=1, max_queued_requests=1)
     path = tmp_path / "queue.yaml"
     path.write_text(yaml.safe_dump(cfg))
-    proc = start_serve(path, tmp_path / "serve.log")
+    proc = start_serve(path, tmp_path / "serve.log", env_extra={"SERVE_MODE": "deploy"})
     try:
         async def burst():
             async with httpx.AsyncClient(timeout=120) as client:
