@@ -13,6 +13,10 @@ RAY_TMP=${RAY_TMP:-/tmp/ternary-ray}
 # Ray's CPU count is a logical budget for placement: the ingress takes 0, each engine worker
 # cpus_per_worker; 8 leaves room for autoscaled replicas on a 2-core machine.
 RAY_CPUS=${RAY_CPUS:-8}
+if curl -s -m 2 -o /dev/null "http://127.0.0.1:${HTTP_PORT:-8000}/-/healthz"; then
+  echo "port ${HTTP_PORT:-8000} already answers: another Serve is running; stop it first" >&2
+  exit 1
+fi
 export RAY_ADDRESS="127.0.0.1:$RAY_PORT"
 # This cluster only, never another one on the machine: on exit, stop `serve run`, the
 # `ray start --block` parent, and every Ray daemon whose command line names this cluster's
@@ -28,6 +32,12 @@ stop_cluster() {
   pkill -TERM -f -- "$RAY_TMP/session" 2>/dev/null
   sleep 3
   pkill -KILL -f -- "$RAY_TMP/session" 2>/dev/null
+  # Replica and proxy workers exit on their own once the raylet is gone (seen: up to ~60 s);
+  # wait until the HTTP port is closed so the next cluster does not meet the old proxy.
+  for _ in $(seq 120); do
+    curl -s -m 1 -o /dev/null "http://127.0.0.1:${HTTP_PORT:-8000}/-/healthz" || break
+    sleep 1
+  done
   return 0
 }
 trap stop_cluster EXIT
