@@ -41,6 +41,9 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.tp > 1 and current_platform.is_cpu():
         kwargs["distributed_executor_backend"] = "mp"  # CPU vLLM refuses the ray backend
+    elif args.tp > 1:
+        # The lent GPU hosts forbid NVLink multicast; vLLM's custom all-reduce is turned off there.
+        kwargs["disable_custom_all_reduce"] = True
     llm = LLM(**kwargs)
     start_s = time.time() - t0
     outs = llm.embed(args.texts, use_tqdm=False)

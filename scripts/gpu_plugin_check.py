@@ -1,7 +1,7 @@
 """GPU check of the plugin on the lent machine's vLLM: build tiny models, convert, validate
 (GPU_LOAD), embed through vLLM with the CUDA kernel, compare with the transformers reference.
 
-    python scripts/gpu_plugin_check.py OUT_DIR
+    python scripts/gpu_plugin_check.py OUT_DIR [TP]
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import torch
 REPO = Path(__file__).resolve().parent.parent
 
 
-def main(out: Path) -> int:
+def main(out: Path, tp: int = 1) -> int:
     from ternary_plugin.convert import convert
     from ternary_plugin.reference_model import embed
     from ternary_plugin.synthetic import make_bert, make_qwen3
@@ -36,7 +36,8 @@ def main(out: Path) -> int:
         entry = {"validator": val.stdout.strip().splitlines(), "validator_rc": val.returncode}
         for dtype in ("bfloat16", "float16"):
             t = time.time()
-            proc = subprocess.run([sys.executable, str(REPO / "scripts/embed.py"), str(dst), "--dtype", dtype, "--report", *texts],
+            proc = subprocess.run([sys.executable, str(REPO / "scripts/embed.py"), str(dst), "--dtype", dtype, "--tp", str(tp),
+                                   "--report", *texts],
                                   capture_output=True, text=True)
             if proc.returncode != 0:
                 entry[dtype] = {"error": proc.stderr[-3000:]}
@@ -46,6 +47,9 @@ def main(out: Path) -> int:
             cos = torch.nn.functional.cosine_similarity(torch.tensor(res["embeddings"]), ref, dim=-1).tolist()
             rank = res["ranks"][0]
             entry[dtype] = {
+                "tp": tp, "ranks_plugin_loaded": [r["plugin_loaded"] for r in res["ranks"]],
+                "down_proj_k_offsets": sorted({(r["tp_rank"], v["k_start"], v["kp"], v["k_offset"]) for r in res["ranks"]
+                                               for k, v in r["layers"].items() if k.endswith(("down_proj", "layer.0.output.dense"))}),
                 "cosine_vs_fp32_reference": cos, "wall_s": round(time.time() - t, 1),
                 "engine_start_s": res["engine_start_s"], "plugin_loaded": rank["plugin_loaded"],
                 "quant_bytes": sum(x["quant_bytes"] for x in rank["layers"].values()),
@@ -54,9 +58,9 @@ def main(out: Path) -> int:
             }
         report["models"][name] = entry
         print(json.dumps({name: entry}, indent=1)[:3000], flush=True)
-    (out / "gpu_plugin_check.json").write_text(json.dumps(report, indent=1))
+    (out / f"gpu_plugin_check_tp{tp}.json").write_text(json.dumps(report, indent=1))
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main(Path(sys.argv[1])))
+    sys.exit(main(Path(sys.argv[1]), int(sys.argv[2]) if len(sys.argv) > 2 else 1))
