@@ -54,6 +54,8 @@ def llm_config(cfg: TernaryServeConfig):
         "enforce_eager": cfg.enforce_eager,
         "worker_extension_cls": EXTENSION,
     }
+    if cfg.disable_custom_all_reduce:
+        engine_kwargs["disable_custom_all_reduce"] = True
     for key in ("max_model_len", "max_num_batched_tokens"):
         if getattr(cfg, key) is not None:
             engine_kwargs[key] = getattr(cfg, key)

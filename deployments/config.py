@@ -46,6 +46,9 @@ class TernaryServeConfig(BaseModel):
     max_model_len: Optional[int] = Field(None, ge=1, description="longest input in tokens (default: the model's)")
     max_num_batched_tokens: Optional[int] = Field(None, ge=1, description="tokens per engine step")
     enforce_eager: bool = Field(False, description="skip torch.compile / CUDA graphs (faster start)")
+    disable_custom_all_reduce: bool = Field(
+        False, description="use NCCL all-reduce only (hosts where NVLink multicast must stay off, e.g. the lent H200s)"
+    )
     placement_strategy: Literal["STRICT_PACK", "PACK", "SPREAD", "STRICT_SPREAD"] = Field(
         "STRICT_PACK", description="how a replica's bundles (one per TP worker) are placed"
     )

@@ -42,6 +42,7 @@ def test_gpu_placement_groups(name, tp):
     assert llm.engine_kwargs["tensor_parallel_size"] == tp
     assert llm.runtime_env["env_vars"]["VLLM_PLUGINS"] == "ternary"
     assert "distributed_executor_backend" not in llm.engine_kwargs  # Ray workers inside the placement group
+    assert llm.engine_kwargs.get("disable_custom_all_reduce", False) == (tp > 1)
 
 
 def test_unknown_and_out_of_range_keys_are_refused():
