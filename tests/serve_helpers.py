@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -83,3 +84,14 @@ def offline_embeddings(model_dir, texts, tp=1):
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(next(x for x in proc.stdout.splitlines() if x.startswith("RESULT "))[7:])
+
+
+@contextlib.contextmanager
+def serving(config: str, log_dir, env_extra=None):
+    """`serve run CONFIG` for the duration of a with-block; yields the model directory."""
+    model = ensure_model()
+    proc = start_serve(config, log_dir / "serve.log", env_extra=env_extra)
+    try:
+        yield model
+    finally:
+        stop_serve(proc)

@@ -12,7 +12,7 @@ import httpx
 import pytest
 import torch
 
-from tests.serve_helpers import BASE, KEY, MODEL, ensure_model, offline_embeddings, post, start_serve, stop_serve
+from tests.serve_helpers import BASE, KEY, MODEL, offline_embeddings, post, serving
 
 pytest.importorskip("ray.serve.llm")
 pytestmark = pytest.mark.vllm
@@ -22,10 +22,8 @@ TEXTS = ["The quick brown fox jumps over the lazy dog.", "What is the capital of
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    model = ensure_model()
-    proc = start_serve("configs/cpu.yaml", tmp_path_factory.mktemp("serve") / "serve.log")
-    yield model
-    stop_serve(proc)
+    with serving("configs/cpu.yaml", tmp_path_factory.mktemp("serve")) as model:
+        yield model
 
 
 def test_openai_client_embeddings_equal_offline_vllm(server):

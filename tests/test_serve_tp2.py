@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from tests.conftest import REPO
-from tests.serve_helpers import MODEL, ensure_model, health_status, offline_embeddings, post, start_serve, stop_serve
+from tests.serve_helpers import MODEL, health_status, offline_embeddings, post, serving
 
 pytest.importorskip("ray.serve.llm")
 pytestmark = pytest.mark.vllm
@@ -21,11 +21,9 @@ TEXTS = ["The quick brown fox jumps over the lazy dog.", "tensor parallel on two
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    model = ensure_model()
-    proc = start_serve("configs/cpu-tp2.yaml", tmp_path_factory.mktemp("serve") / "serve.log",
-                       env_extra={"TERNARY_ALLOW_FAULT_INJECTION": "1"})
-    yield model
-    stop_serve(proc)
+    env = {"TERNARY_ALLOW_FAULT_INJECTION": "1"}
+    with serving("configs/cpu-tp2.yaml", tmp_path_factory.mktemp("serve"), env_extra=env) as model:
+        yield model
 
 
 def test_tp2_replica_matches_offline_tp1(server):
