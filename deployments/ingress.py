@@ -45,14 +45,16 @@ def build_fastapi_app(*, api_key: Optional[str], max_body_bytes: int, max_inputs
                     return openai_error(401, "missing or wrong API key: send 'Authorization: Bearer <key>'",
                                         "authentication_error")
             if request.method == "POST":
-                length = request.headers.get("content-length")
-                if length is not None and int(length) > max_body_bytes:
-                    return openai_error(413, f"request body of {length} bytes is larger than the limit of "
-                                             f"{max_body_bytes} bytes", "invalid_request_error")
+                length = request.headers.get("content-length", "")
+                if length and not length.isdigit():
+                    return openai_error(400, f"Content-Length {length!r} is not a byte count", "invalid_request_error")
+                # The declared length refuses a large body before it is read; the read body
+                # catches chunked uploads that declare none.
+                if length and int(length) > max_body_bytes:
+                    return _too_large(int(length), max_body_bytes)
                 body = await request.body()
                 if len(body) > max_body_bytes:
-                    return openai_error(413, f"request body of {len(body)} bytes is larger than the limit of "
-                                             f"{max_body_bytes} bytes", "invalid_request_error")
+                    return _too_large(len(body), max_body_bytes)
                 if request.url.path == "/v1/embeddings":
                     problem = _input_problem(body, max_inputs)
                     if problem:
@@ -60,6 +62,11 @@ def build_fastapi_app(*, api_key: Optional[str], max_body_bytes: int, max_inputs
         return await call_next(request)
 
     return app
+
+
+def _too_large(size: int, limit: int) -> JSONResponse:
+    return openai_error(413, f"request body of {size} bytes is larger than the limit of {limit} bytes",
+                        "invalid_request_error")
 
 
 def _input_problem(body: bytes, max_inputs: int) -> Optional[str]:
