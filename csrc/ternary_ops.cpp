@@ -13,21 +13,32 @@ cudaError_t launch_gemv(bool bf16, const void* x, const uint8_t* packed, const _
                         cudaStream_t stream);
 cudaError_t launch_dequant(bool bf16, const uint8_t* packed, const __half* scale, void* w, int N, int K, int ldp,
                            int lds, int block_size, int k_offset, cudaStream_t stream);
+cudaError_t launch_mma(bool bf16, const void* x, const uint8_t* packed, const __half* scale, const void* bias, void* y,
+                       int M, int N, int K, int ldp, int lds, int block_size, int k_offset, int rows_per_cta,
+                       int sm_count, cudaStream_t stream);
 }  // namespace ternary
 
 namespace {
 
-// Up to this many activation rows the fused kernel runs; above it, dequantize + cuBLAS.
-// Measured on the H200 (benchmarks/results/kernel-h200.md): the fused kernel beats cuBLAS
-// at M = 1 on every Qwen3-0.6B shape and loses from M = 8 on (it re-reads activations per
-// output row; a tensor-core version is the open work). TERNARY_GEMV_MAX_M overrides.
+// Dispatch by M (measured on the H200, benchmarks/results/kernel-h200.md):
+//   M <= TERNARY_MMA_MAX_M (default 64) and the layer's blocks start on 128-weight boundaries:
+//     the tensor-core kernel (csrc/ternary_mma.cu);
+//   else M <= TERNARY_GEMV_MAX_M (default 1): the warp-per-row kernel (any k_offset);
+//   else: dequantize + cuBLAS.
+int64_t env_int(const char* name, int64_t fallback) {
+  const char* e = std::getenv(name);
+  return e ? std::atoll(e) : fallback;
+}
 int64_t gemv_max_m() {
-  static const int64_t v = [] {
-    const char* e = std::getenv("TERNARY_GEMV_MAX_M");
-    return e ? std::atoll(e) : int64_t(1);
-  }();
+  static const int64_t v = env_int("TERNARY_GEMV_MAX_M", 1);
   return v;
 }
+int64_t mma_max_m() {
+  static const int64_t v = env_int("TERNARY_MMA_MAX_M", 64);
+  return v;
+}
+
+enum Path : int64_t { kAuto = 0, kGemv = 1, kMma = 2, kDequant = 3 };
 
 #define CHECK_ARG(cond, ...) TORCH_CHECK(cond, "ternary_serve::gemm: ", __VA_ARGS__)
 
@@ -36,11 +47,11 @@ void check_cuda_error(cudaError_t err, const char* what, int64_t m, int64_t n, i
               cudaGetErrorString(err));
 }
 
-torch::Tensor gemm(const torch::Tensor& x,       // [M, K] bf16/fp16
-                   const torch::Tensor& packed,  // [N, ldp] uint8, ldp >= ceil(K/4)
-                   const torch::Tensor& scale,   // [N, lds] fp16
-                   const std::optional<torch::Tensor>& bias,  // [N] x.dtype
-                   int64_t block_size, int64_t k_offset) {
+torch::Tensor gemm_path(const torch::Tensor& x,       // [M, K] bf16/fp16
+                        const torch::Tensor& packed,  // [N, ldp] uint8, ldp >= ceil(K/4)
+                        const torch::Tensor& scale,   // [N, lds] fp16
+                        const std::optional<torch::Tensor>& bias,  // [N] x.dtype
+                        int64_t block_size, int64_t k_offset, int64_t path, int64_t rows_per_cta) {
   CHECK_ARG(x.is_cuda() && packed.is_cuda() && scale.is_cuda(), "x, packed and scale must be CUDA tensors");
   CHECK_ARG(x.dim() == 2, "x must be 2-D [M, K], got ", x.sizes());
   CHECK_ARG(x.scalar_type() == at::kBFloat16 || x.scalar_type() == at::kHalf, "x must be bf16 or fp16, got ",
@@ -64,28 +75,47 @@ torch::Tensor gemm(const torch::Tensor& x,       // [M, K] bf16/fp16
     CHECK_ARG(bias->is_cuda() && bias->dim() == 1 && bias->size(0) == N && bias->scalar_type() == x.scalar_type(),
               "bias must be [N] in x's dtype on x's device");
   }
+  CHECK_ARG(path >= kAuto && path <= kDequant, "path must be 0 (auto), 1 (gemv), 2 (mma) or 3 (dequant), got ",
+            path);
+  CHECK_ARG(rows_per_cta == 0 || rows_per_cta == 16 || rows_per_cta == 32 || rows_per_cta == 64,
+            "rows_per_cta must be 0 (auto), 16, 32 or 64, got ", rows_per_cta);
+  // The fused kernels load 8 code bytes at a time: rows padded to 8 bytes, 8-byte aligned.
+  const bool rows_padded = ldp % 8 == 0 && reinterpret_cast<uintptr_t>(packed.data_ptr()) % 8 == 0;
+  const bool mma_ok = rows_padded && block_size % 128 == 0 && k_offset % 128 == 0;
+  if (path == kAuto) {
+    path = (mma_ok && M <= mma_max_m()) ? kMma : (rows_padded && M <= gemv_max_m()) ? kGemv : kDequant;
+  }
+  CHECK_ARG(path == kDequant || rows_padded, "the fused kernels need rows padded to a multiple of 8 bytes (ldp=",
+            ldp, ", K=", K, "): use ternary_plugin.ops.pad_packed_rows");
+  CHECK_ARG(path != kMma || mma_ok, "the tensor-core kernel needs block_size and k_offset multiples of 128, got ",
+            block_size, " and ", k_offset);
+
   const at::cuda::OptionalCUDAGuard guard(x.device());
   auto y = torch::empty({M, N}, x.options());
   if (M == 0 || N == 0) return y;
   const bool bf16 = x.scalar_type() == at::kBFloat16;
   cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+  const torch::Tensor b = bias ? bias->contiguous() : torch::Tensor();
+  const void* bias_ptr = bias ? b.data_ptr() : nullptr;
+  const auto* scale_ptr = reinterpret_cast<const __half*>(scale.data_ptr<at::Half>());
 
-  if (M <= gemv_max_m()) {
-    CHECK_ARG(ldp % 8 == 0 && ldp >= ((K + 3) / 4 + 7) / 8 * 8,
-              "the small-M kernel needs rows padded to a multiple of 8 bytes (ldp=", ldp,
-              ", K=", K, "): use ternary_plugin.ops.pad_packed_rows");
-    const torch::Tensor b = bias ? bias->contiguous() : torch::Tensor();
-    check_cuda_error(ternary::launch_gemv(bf16, x.data_ptr(), packed.data_ptr<uint8_t>(),
-                                          reinterpret_cast<const __half*>(scale.data_ptr<at::Half>()),
-                                          bias ? b.data_ptr() : nullptr, y.data_ptr(), M, N, K, ldp, lds,
-                                          block_size, k_offset, stream),
+  if (path == kMma) {
+    const int sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
+    check_cuda_error(ternary::launch_mma(bf16, x.data_ptr(), packed.data_ptr<uint8_t>(), scale_ptr, bias_ptr,
+                                         y.data_ptr(), M, N, K, ldp, lds, block_size, k_offset, rows_per_cta, sms,
+                                         stream),
+                     "ternary_mma_kernel launch", M, N, K);
+    return y;
+  }
+  if (path == kGemv) {
+    check_cuda_error(ternary::launch_gemv(bf16, x.data_ptr(), packed.data_ptr<uint8_t>(), scale_ptr, bias_ptr,
+                                          y.data_ptr(), M, N, K, ldp, lds, block_size, k_offset, stream),
                      "ternary_gemv_kernel launch", M, N, K);
     return y;
   }
   auto w = torch::empty({N, K}, x.options());  // transient, from the caching allocator
-  check_cuda_error(ternary::launch_dequant(bf16, packed.data_ptr<uint8_t>(),
-                                           reinterpret_cast<const __half*>(scale.data_ptr<at::Half>()),
-                                           w.data_ptr(), N, K, ldp, lds, block_size, k_offset, stream),
+  check_cuda_error(ternary::launch_dequant(bf16, packed.data_ptr<uint8_t>(), scale_ptr, w.data_ptr(), N, K, ldp,
+                                           lds, block_size, k_offset, stream),
                    "ternary_dequant_kernel launch", M, N, K);
   if (bias) {
     at::addmm_out(y, *bias, x, w.t());
@@ -93,6 +123,11 @@ torch::Tensor gemm(const torch::Tensor& x,       // [M, K] bf16/fp16
     at::mm_out(y, x, w.t());
   }
   return y;
+}
+
+torch::Tensor gemm(const torch::Tensor& x, const torch::Tensor& packed, const torch::Tensor& scale,
+                   const std::optional<torch::Tensor>& bias, int64_t block_size, int64_t k_offset) {
+  return gemm_path(x, packed, scale, bias, block_size, k_offset, kAuto, 0);
 }
 
 // W [N, K] in `dtype` (bf16/fp16): the large-M path's first half, exposed for benchmarks.
@@ -123,11 +158,16 @@ torch::Tensor dequantize(const torch::Tensor& packed, const torch::Tensor& scale
 
 TORCH_LIBRARY(ternary_serve, m) {
   m.def("gemm(Tensor x, Tensor packed, Tensor scale, Tensor? bias, int block_size, int k_offset) -> Tensor");
+  // One kernel forced (path 1 gemv, 2 tensor-core, 3 dequantize + cuBLAS; rows_per_cta 0 = auto):
+  // for tests and benchmarks; gemm is path 0, chosen by M.
+  m.def("gemm_path(Tensor x, Tensor packed, Tensor scale, Tensor? bias, int block_size, int k_offset, int path, "
+        "int rows_per_cta) -> Tensor");
   m.def("dequantize(Tensor packed, Tensor scale, int K, int block_size, int k_offset, ScalarType dtype) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(ternary_serve, CUDA, m) {
   m.impl("gemm", &gemm);
+  m.impl("gemm_path", &gemm_path);
   m.impl("dequantize", &dequantize);
 }
 

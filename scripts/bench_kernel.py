@@ -90,11 +90,14 @@ def bench_shape(name, k, n, m, l2_bytes, replays, bs=128):
     ws = [fmt.dequantize_ternary(packs[i % copies_t][:, : fmt.packed_cols(k)], scales[i % copies_t], k, bs,
                                  dtype=torch.bfloat16) for i in range(copies_b)]
     # correctness before timing
-    y = torch.ops.ternary_serve.gemm(xs[0], packs[0], scales[0], None, bs, 0)
     ref = xs[0].double() @ ws[0].double().t()
-    rel = float((y.double() - ref).norm() / ref.norm())
-    if not rel < 1e-2:
-        raise SystemExit(f"{name} M={m}: ternary kernel relative error {rel:.3e}; refusing to time a wrong kernel")
+    rel = 0.0
+    for p in (0, 1, 2) if m <= 16 else (0, 2) if m <= 1024 else (0,):
+        y = torch.ops.ternary_serve.gemm_path(xs[0], packs[0], scales[0], None, bs, 0, p, 0)
+        err = float((y.double() - ref).norm() / ref.norm())
+        if not err < 1e-2:
+            raise SystemExit(f"{name} M={m}: path {p} relative error {err:.3e}; refusing to time a wrong kernel")
+        rel = max(rel, err)
 
     def tern(i):
         return lambda: torch.ops.ternary_serve.gemm(xs[i % len(xs)], packs[i], scales[i], None, bs, 0)
@@ -102,17 +105,24 @@ def bench_shape(name, k, n, m, l2_bytes, replays, bs=128):
     def cublas(i):
         return lambda: torch.mm(xs[i % len(xs)], ws[i].t())
 
+    def path(i, p):
+        return lambda: torch.ops.ternary_serve.gemm_path(xs[i % len(xs)], packs[i], scales[i], None, bs, 0, p, 0)
+
     def deq(i):
         return lambda: torch.mm(xs[i % len(xs)], torch.ops.ternary_serve.dequantize(packs[i], scales[i], k, bs, 0, torch.bfloat16).t())
 
     t_tern = time_graph([tern(i) for i in range(copies_t)], replays)
     t_cub = time_graph([cublas(i) for i in range(copies_b)], replays)
     t_deq = time_graph([deq(i) for i in range(copies_t)], replays)
+    # each fused kernel forced, where its regime could matter (auto = ternary_us picks one)
+    t_mma = time_graph([path(i, 2) for i in range(copies_t)], replays) if m <= 1024 else None
+    t_gemv = time_graph([path(i, 1) for i in range(copies_t)], replays) if m <= 16 else None
     flops = 2 * m * n * k
     io = x_bytes + m * n * 2
     row = {
         "shape": name, "M": m, "K": k, "N": n,
         "ternary_us": round(t_tern, 3), "cublas_bf16_us": round(t_cub, 3), "dequant_us": round(t_deq, 3),
+        "mma_us": None if t_mma is None else round(t_mma, 3), "gemv_us": None if t_gemv is None else round(t_gemv, 3),
         "speedup_vs_cublas": round(t_cub / t_tern, 3),
         "ternary_GBps": round((tern_bytes + io) / (t_tern * 1e-6) / 1e9, 1),
         "cublas_GBps": round((n * k * 2 + io) / (t_cub * 1e-6) / 1e9, 1),
@@ -128,17 +138,22 @@ def markdown(result: dict) -> str:
     lines = [
         f"# Ternary GEMM on {result['gpu']}",
         "",
-        f"torch {result['torch']}, CUDA {result['cuda']}; ceilings measured here: copy "
-        f"{result['ceilings']['copy_TBps']} TB/s, bf16 8192^3 matmul {result['ceilings']['bf16_matmul_8192_TFLOPs']} TFLOP/s.",
+        (
+            f"torch {result['torch']}, CUDA {result['cuda']}; ceilings measured here: copy "
+            f"{result['ceilings']['copy_TBps']} TB/s, bf16 8192^3 matmul "
+            f"{result['ceilings']['bf16_matmul_8192_TFLOPs']} TFLOP/s."
+        ),
         f"Command: `{result['command']}`. Times are medians of CUDA-graph replays (us per call), inputs rotated past 2x L2.",
         "",
-        "| shape | M | K | N | ternary us | cuBLAS bf16 us | dequant+mm us | speed-up | ternary GB/s | ternary TFLOP/s | cuBLAS TFLOP/s | HBM floor us |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "ternary us = the op as dispatched by M; tensor-core us / gemv us = that kernel forced (- = not timed).",
+        "",
+        "| shape | M | K | N | ternary us | cuBLAS bf16 us | dequant+mm us | tensor-core us | gemv us | speed-up | ternary GB/s | ternary TFLOP/s | cuBLAS TFLOP/s | HBM floor us |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in result["rows"]:
         lines.append(
             f"| {r['shape']} | {r['M']} | {r['K']} | {r['N']} | {r['ternary_us']} | {r['cublas_bf16_us']} | "
-            f"{r['dequant_us']} | {r['speedup_vs_cublas']}x | {r['ternary_GBps']} | {r['ternary_TFLOPs']} | "
+            f"{r['dequant_us']} | {r.get('mma_us') or '-'} | {r.get('gemv_us') or '-'} | {r['speedup_vs_cublas']}x | {r['ternary_GBps']} | {r['ternary_TFLOPs']} | "
             f"{r['cublas_TFLOPs']} | {r['floor_us']} |"
         )
     small = [r for r in result["rows"] if r["M"] <= 16 and "/" not in r["shape"]]
@@ -179,7 +194,8 @@ def main(argv=None) -> int:
             torch.cuda.empty_cache()  # the shape's rotating copies are freed on return
             result["rows"].append(row)
             print(f"{name:12s} M={m:6d} K={k:5d} N={n:5d} tern {row['ternary_us']:9.2f}us cublas {row['cublas_bf16_us']:9.2f}us "
-                  f"deq {row['dequant_us']:9.2f}us x{row['speedup_vs_cublas']:.2f}", flush=True)
+                  f"deq {row['dequant_us']:9.2f}us mma {row['mma_us'] or 0:8.2f}us gemv {row['gemv_us'] or 0:8.2f}us "
+                  f"x{row['speedup_vs_cublas']:.2f}", flush=True)
     result["seconds"] = round(time.time() - t0, 1)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / f"{args.name}.json").write_text(json.dumps(result, indent=1) + "\n")

@@ -104,6 +104,10 @@ def _register_fake() -> None:
     def _gemm_fake(x, packed, scale, bias, block_size, k_offset):
         return x.new_empty((x.shape[0], packed.shape[0]))
 
+    @torch.library.register_fake(f"{OP_NAMESPACE}::gemm_path")
+    def _gemm_path_fake(x, packed, scale, bias, block_size, k_offset, path, rows_per_cta):
+        return x.new_empty((x.shape[0], packed.shape[0]))
+
     @torch.library.register_fake(f"{OP_NAMESPACE}::dequantize")
     def _dequantize_fake(packed, scale, k, block_size, k_offset, dtype):
         return packed.new_empty((packed.shape[0], k), dtype=dtype)

@@ -74,6 +74,81 @@ def test_gemm_matches_float64_reference(m, n, k, k_offset, bs, reason, dtype, wi
     assert rel < TOL[dtype], f"{reason}: relative error {rel:.2e}"
 
 
+def _reference(x, values, scale_cpu, k, bs, k_offset, bias=None):
+    w = values.double() * fmt.expand_scales(scale_cpu, k, bs, k_offset).double()
+    return x.cpu().double() @ w.t() + (bias.cpu().double() if bias is not None else 0)
+
+
+GEMV, MMA, DEQUANT = 1, 2, 3
+# (M, N, K, k_offset, block_size, reason): every case runs each kernel that accepts it.
+PATH_SHAPES = [
+    (1, 200, 202, 0, 128, "K % 4 != 0, unaligned activation rows"),
+    (5, 77, 1216, 0, 128, "N not a multiple of 16, K ends inside a block"),
+    (8, 130, 1024, 0, 128, "one full token tile"),
+    (9, 96, 1000, 0, 128, "two token tiles, K % 8 == 0 but partial last block"),
+    (16, 6144, 1024, 0, 128, "gate_up, M = 16"),
+    (17, 64, 3072, 0, 128, "three token tiles of 8, many blocks per warp"),
+    (33, 1024, 768, 0, 128, "M past one 32-token tile: grid.y loop"),
+    (64, 4100, 512, 0, 128, "M = 64, N just past a 64-row CTA"),
+    (100, 48, 640, 0, 128, "M > 64"),
+    (12, 40, 700, 128, 256, "block_size 256, shard starting half way into a block"),
+    (3, 96, 502, 118, 128, "k_offset inside a block: not for the tensor-core kernel"),
+]
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("path", [GEMV, MMA, DEQUANT], ids=["gemv", "mma", "dequant"])
+@pytest.mark.parametrize("m,n,k,k_offset,bs,reason", PATH_SHAPES, ids=[s[-1] for s in PATH_SHAPES])
+def test_each_kernel_matches_reference(m, n, k, k_offset, bs, reason, path, dtype):
+    if path == MMA and (k_offset % 128 or bs % 128):
+        pytest.skip("the tensor-core kernel takes only blocks that start on 128-weight boundaries (tested below)")
+    seed = int(torch.randint(0, 2**31 - 1, ()).item())  # fresh inputs each run; printed on failure
+    x, packed, scale, bias, values, scale_cpu = _case(m, n, k, k_offset, bs, dtype, seed=seed)
+    for rows in ([0, 16, 32, 64] if path == MMA else [0]):
+        _poison_allocator(m * n * 2)
+        y = torch.ops.ternary_serve.gemm_path(x, packed, scale, bias, bs, k_offset, path, rows)
+        torch.cuda.synchronize()
+        assert y.shape == (m, n) and y.dtype == dtype
+        assert bool(torch.isfinite(y).all()), f"{reason}, rows/CTA {rows}: unwritten (NaN-poisoned) output"
+        ref = _reference(x, values, scale_cpu, k, bs, k_offset, bias)
+        rel = float((y.cpu().double() - ref).norm() / ref.norm())
+        assert rel < TOL[dtype], f"{reason}, rows/CTA {rows}, seed {seed}: relative error {rel:.2e}"
+
+
+def test_mma_kernel_reads_unaligned_activations():
+    """x as a view 2 bytes into its storage: the 16-byte activation loads must not be used."""
+    _, packed, scale, _, values, scale_cpu = _case(8, 64, 1024, 0, 128, torch.bfloat16, seed=11)
+    buf = torch.randn(8 * 1024 + 1, device="cuda").to(torch.bfloat16)
+    x = buf[1:].view(8, 1024)
+    assert x.data_ptr() % 16 != 0 and x.is_contiguous()
+    y = torch.ops.ternary_serve.gemm_path(x, packed, scale, None, 128, 0, MMA, 0)
+    ref = _reference(x, values, scale_cpu, 1024, 128, 0)
+    assert float((y.cpu().double() - ref).norm() / ref.norm()) < TOL[torch.bfloat16]
+
+
+def test_mma_kernel_refuses_a_block_phase_and_auto_falls_back():
+    x, packed, scale, bias, values, scale_cpu = _case(4, 96, 502, 118, 128, torch.bfloat16, seed=12)
+    with pytest.raises(RuntimeError, match="needs block_size and k_offset multiples of 128, got 128 and 118"):
+        torch.ops.ternary_serve.gemm_path(x, packed, scale, None, 128, 118, MMA, 0)
+    y = torch.ops.ternary_serve.gemm(x, packed, scale, bias, 128, 118)  # auto: dequantize + cuBLAS
+    ref = _reference(x, values, scale_cpu, 502, 128, 118, bias)
+    assert float((y.cpu().double() - ref).norm() / ref.norm()) < TOL[torch.bfloat16]
+
+
+def test_codes_11_decode_to_zero_in_every_kernel():
+    """The reserved code 11 is read as 0 (as format.unpack does) by every kernel."""
+    n, k = 32, 256
+    packed = torch.full((n, k // 4), 0xFF, dtype=torch.uint8)  # all codes 11
+    packed[:, ::2] = 0b01_10_00_01  # +1, 0, -1, +1 in every other byte
+    scale = torch.full((n, 2), 0.5, dtype=torch.float16)
+    values = fmt.unpack_ternary(packed, k)
+    x = torch.randn(3, k).to(torch.bfloat16)
+    ref = _reference(x, values, scale, k, 128, 0)
+    for path in (GEMV, MMA, DEQUANT):
+        y = torch.ops.ternary_serve.gemm_path(x.cuda(), packed.cuda(), scale.cuda(), None, 128, 0, path, 0)
+        assert float((y.cpu().double() - ref).norm() / ref.norm()) < TOL[torch.bfloat16], f"path {path}"
+
+
 def test_reference_path_agrees_on_gpu():
     x, packed, scale, bias, _, _ = _case(4, 96, 502, 118, 128, torch.bfloat16, seed=1)
     y = torch.ops.ternary_serve.gemm(x, packed, scale, bias, 128, 118)

@@ -1,0 +1,270 @@
+// Small-M ternary GEMM on the tensor cores: y[M, N] = x[M, K] @ W^T (+ bias), M up to ~64.
+//
+// Memory-bound regime: the packed codes are streamed once per tile of 8*NT activation rows,
+// decoded in registers to bf16/fp16 (exactly -1, 0, +1) and fed to mma.sync m16n8k16 with fp32
+// accumulation. W's rows are the MMA's M side and the activation rows its N side ("swap AB"):
+// a 16-row tile of W against 8 tokens, so M = 1..8 wastes no more than one n8 tile.
+//
+// Permuted K (the Marlin trick, done in registers instead of offline). An MMA sums over its 16
+// k-columns in any order, so each thread may fill its A-fragment columns {2t, 2t+1, 2t+8, 2t+9}
+// with ANY four physical weights as long as its B fragment (the activations) holds the same four
+// positions. Thread t (t = lane % 4) takes, at step s of a 128-weight block, the four weights
+// of one packed byte: physical k = 32t + 4s .. 32t + 4s + 3 of the block. So per block a thread
+// reads 8 consecutive code bytes per W row (one 8-byte load) and 32 consecutive activations per
+// token (64 bytes), and every step's 16 columns lie inside one 128-weight block: the block's sum
+// is finished in fp32 and multiplied by the block's fp16 scale once.
+//
+// Decode (no table, no branch): a byte b of four codes is copied to both halves of a 32-bit word
+// W = b | b << 16. For the pair (w0, w1): lo half keeps bit 0 (w0's low code bit), hi half bit 2
+// (w1's low code bit); OR-ing an exponent whose unit in the last place sits at that bit gives
+// 2^e + bit; the same from W >> 1 gives 2^e + high bit; one bf16x2 subtraction leaves
+// low - high = value of code: 00 -> 0, 01 -> +1, 10 -> -1, 11 (reserved) -> 0.
+//
+// Work split: a CTA owns 16*R rows of W and all of K; its 8 warps take the 128-weight blocks
+// round-robin (split-K inside the CTA) and add their partial sums through shared memory, so
+// nothing crosses CTAs and the result is deterministic. Requires block_size % 128 == 0 and
+// k_offset % 128 == 0 (true for every layer whose shard starts on a block; the others use the
+// gemv or dequantize paths) and rows padded to 8 bytes (ternary_plugin.ops.pad_packed_rows).
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+namespace ternary {
+namespace {
+
+constexpr int kMmaWarps = 8;
+constexpr int kKBlock = 128;  // weights per MMA block (8 steps of k16)
+
+template <typename T> struct MmaTraits;
+template <> struct MmaTraits<__nv_bfloat16> {
+  // exponents whose ulp is mantissa bit 0 / 2 (pair 0) and bit 4 / 6 (pair 1), lo | hi << 16
+  static constexpr uint32_t kMagic0 = 0x42004300u, kMagic1 = 0x40004100u;
+  static __device__ __forceinline__ uint32_t sub2(uint32_t a, uint32_t b) {
+    __nv_bfloat162 r = __hsub2(*reinterpret_cast<__nv_bfloat162*>(&a), *reinterpret_cast<__nv_bfloat162*>(&b));
+    return *reinterpret_cast<uint32_t*>(&r);
+  }
+  static __device__ __forceinline__ void mma(float d[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+  static __device__ __forceinline__ float to_float(__nv_bfloat16 v) { return __bfloat162float(v); }
+  static __device__ __forceinline__ __nv_bfloat16 from_float(float v) { return __float2bfloat16_rn(v); }
+};
+template <> struct MmaTraits<__half> {
+  static constexpr uint32_t kMagic0 = 0x5C006400u, kMagic1 = 0x4C005400u;
+  static __device__ __forceinline__ uint32_t sub2(uint32_t a, uint32_t b) {
+    __half2 r = __hsub2(*reinterpret_cast<__half2*>(&a), *reinterpret_cast<__half2*>(&b));
+    return *reinterpret_cast<uint32_t*>(&r);
+  }
+  static __device__ __forceinline__ void mma(float d[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+  static __device__ __forceinline__ float to_float(__half v) { return __half2float(v); }
+  static __device__ __forceinline__ __half from_float(float v) { return __float2half_rn(v); }
+};
+
+// The four weights of code byte `k` (0..3) of `word` as two packed pairs: lo = (w0, w1), hi = (w2, w3).
+template <typename T>
+__device__ __forceinline__ void decode_byte(uint32_t word, int k, uint32_t& lo, uint32_t& hi) {
+  const uint32_t w = __byte_perm(word, 0u, 0x4040u | (uint32_t)k | ((uint32_t)k << 8));  // b | b << 16
+  const uint32_t w1 = w >> 1;
+  lo = MmaTraits<T>::sub2((w & 0x00040001u) | MmaTraits<T>::kMagic0, (w1 & 0x00040001u) | MmaTraits<T>::kMagic0);
+  hi = MmaTraits<T>::sub2((w & 0x00400010u) | MmaTraits<T>::kMagic1, (w1 & 0x00400010u) | MmaTraits<T>::kMagic1);
+}
+
+// 32 activations x[k0 .. k0+32) of one token as 16 packed pairs; positions >= K (or a token
+// past M: x == nullptr) read as 0.
+template <typename T>
+__device__ __forceinline__ void load_x32(const T* __restrict__ x, int k0, int K, bool vec_ok, uint32_t out[16]) {
+  if (x != nullptr && vec_ok && k0 + 32 <= K) {
+    const uint4* p = reinterpret_cast<const uint4*>(x + k0);
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const uint4 v = __ldg(p + j);
+      out[4 * j] = v.x; out[4 * j + 1] = v.y; out[4 * j + 2] = v.z; out[4 * j + 3] = v.w;
+    }
+  } else {
+    const unsigned short* xs = reinterpret_cast<const unsigned short*>(x);
+#pragma unroll
+    for (int j = 0; j < 16; ++j) {
+      const int k = k0 + 2 * j;
+      const uint32_t a = (x != nullptr && k < K) ? xs[k] : 0u;
+      const uint32_t b = (x != nullptr && k + 1 < K) ? xs[k + 1] : 0u;
+      out[j] = a | (b << 16);
+    }
+  }
+}
+
+template <typename T, int R, int NT>
+__global__ void __launch_bounds__(kMmaWarps * 32)
+ternary_mma_kernel(const T* __restrict__ x,            // [M, K]
+                   const uint8_t* __restrict__ packed,  // [N, ldp], ldp % 8 == 0
+                   const __half* __restrict__ scale,    // [N, lds]
+                   const T* __restrict__ bias,          // [N] or nullptr
+                   T* __restrict__ y,                   // [M, N]
+                   int M, int N, int K, int ldp, int lds, int block_size, int k_offset) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int g = lane / 4, t = lane % 4;
+  const int n0 = blockIdx.x * 16 * R;
+  const int m0 = blockIdx.y * 8 * NT;
+  const int nblocks = (K + kKBlock - 1) / kKBlock;
+  const bool vec_ok = (K % 8) == 0 && (reinterpret_cast<uintptr_t>(x) % 16) == 0;  // 16-byte rows
+
+  float acc[R][NT][4];
+#pragma unroll
+  for (int r = 0; r < R; ++r)
+#pragma unroll
+    for (int j = 0; j < NT; ++j)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) acc[r][j][i] = 0.f;
+
+  // this thread's two W rows per tile: n0 + 16r + g and + 8
+  const uint8_t* prow[R][2];
+  const __half* srow[R][2];
+#pragma unroll
+  for (int r = 0; r < R; ++r)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int n = n0 + 16 * r + g + 8 * h;
+      prow[r][h] = n < N ? packed + (size_t)n * ldp : nullptr;
+      srow[r][h] = n < N ? scale + (size_t)n * lds : nullptr;
+    }
+  const T* xrow[NT];
+#pragma unroll
+  for (int j = 0; j < NT; ++j) {
+    const int m = m0 + 8 * j + g;
+    xrow[j] = m < M ? x + (size_t)m * K : nullptr;
+  }
+
+  for (int b = warp; b < nblocks; b += kMmaWarps) {
+    const int byte0 = b * (kKBlock / 4) + 8 * t;  // this thread's 8 code bytes of each row
+    uint2 codes[R][2];
+    float s[R][2];
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const bool ok = prow[r][h] != nullptr && byte0 + 8 <= ldp;
+        codes[r][h] = ok ? __ldg(reinterpret_cast<const uint2*>(prow[r][h] + byte0)) : make_uint2(0u, 0u);
+        s[r][h] = srow[r][h] != nullptr ? __half2float(srow[r][h][(b * kKBlock + k_offset) / block_size]) : 0.f;
+      }
+    uint32_t xf[NT][16];
+#pragma unroll
+    for (int j = 0; j < NT; ++j) load_x32<T>(xrow[j], b * kKBlock + 32 * t, K, vec_ok, xf[j]);
+
+    float blk[R][NT][4];
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+      for (int j = 0; j < NT; ++j)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) blk[r][j][i] = 0.f;
+#pragma unroll
+    for (int st = 0; st < 8; ++st) {  // step st: byte st of each row's 8, activations 4st .. 4st+3
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        uint32_t a[4];
+        const uint32_t w0 = st < 4 ? codes[r][0].x : codes[r][0].y;
+        const uint32_t w8 = st < 4 ? codes[r][1].x : codes[r][1].y;
+        decode_byte<T>(w0, st & 3, a[0], a[2]);  // row g: cols (2t, 2t+1), (2t+8, 2t+9)
+        decode_byte<T>(w8, st & 3, a[1], a[3]);  // row g + 8
+#pragma unroll
+        for (int j = 0; j < NT; ++j) MmaTraits<T>::mma(blk[r][j], a, xf[j][2 * st], xf[j][2 * st + 1]);
+      }
+    }
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+      for (int j = 0; j < NT; ++j) {
+        acc[r][j][0] += s[r][0] * blk[r][j][0];
+        acc[r][j][1] += s[r][0] * blk[r][j][1];
+        acc[r][j][2] += s[r][1] * blk[r][j][2];
+        acc[r][j][3] += s[r][1] * blk[r][j][3];
+      }
+  }
+
+  // split-K inside the CTA: warps add their partial tiles in a fixed order
+  constexpr int kPerWarp = R * NT * 4 * 32;
+  __shared__ float red[kMmaWarps][kPerWarp];
+#pragma unroll
+  for (int r = 0; r < R; ++r)
+#pragma unroll
+    for (int j = 0; j < NT; ++j)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) red[warp][((r * NT + j) * 4 + i) * 32 + lane] = acc[r][j][i];
+  __syncthreads();
+  for (int e = threadIdx.x; e < kPerWarp; e += kMmaWarps * 32) {
+    float v = 0.f;
+#pragma unroll
+    for (int w = 0; w < kMmaWarps; ++w) v += red[w][e];
+    const int l = e % 32, i = (e / 32) % 4, j = (e / 128) % NT, r = e / (128 * NT);
+    // C fragment: c0, c1 -> row g, cols 2t, 2t+1; c2, c3 -> row g + 8 (rows = W rows, cols = tokens)
+    const int n = n0 + 16 * r + l / 4 + 8 * (i / 2);
+    const int m = m0 + 8 * j + 2 * (l % 4) + (i % 2);
+    if (n < N && m < M) {
+      if (bias != nullptr) v += MmaTraits<T>::to_float(bias[n]);
+      y[(size_t)m * N + n] = MmaTraits<T>::from_float(v);
+    }
+  }
+}
+
+template <typename T, int R>
+cudaError_t launch_mma_r(const void* x, const uint8_t* packed, const __half* scale, const void* bias, void* y, int M,
+                         int N, int K, int ldp, int lds, int block_size, int k_offset, cudaStream_t stream) {
+  const T* xt = static_cast<const T*>(x);
+  const T* bt = static_cast<const T*>(bias);
+  T* yt = static_cast<T*>(y);
+  const unsigned gx = (N + 16 * R - 1) / (16 * R);
+#define TERNARY_MMA(NT_)                                                                                   \
+  ternary_mma_kernel<T, R, NT_><<<dim3(gx, (M + 8 * NT_ - 1) / (8 * NT_)), kMmaWarps * 32, 0, stream>>>( \
+      xt, packed, scale, bt, yt, M, N, K, ldp, lds, block_size, k_offset)
+  // R * NT <= 8 keeps the split-K exchange in 32 KB of static shared memory; larger M loops
+  // over token tiles in grid.y (re-reading the codes, from L2 at these sizes).
+  constexpr int kMaxNT = R >= 4 ? 2 : 4;
+  if (M <= 8) TERNARY_MMA(1);
+  else if (M <= 16 || kMaxNT == 2) TERNARY_MMA(2);
+  else TERNARY_MMA(kMaxNT);
+#undef TERNARY_MMA
+  return cudaGetLastError();
+}
+
+template <typename T>
+cudaError_t launch_mma_t(const void* x, const uint8_t* packed, const __half* scale, const void* bias, void* y, int M,
+                         int N, int K, int ldp, int lds, int block_size, int k_offset, int rows_per_cta,
+                         cudaStream_t stream) {
+  switch (rows_per_cta) {
+    case 16: return launch_mma_r<T, 1>(x, packed, scale, bias, y, M, N, K, ldp, lds, block_size, k_offset, stream);
+    case 32: return launch_mma_r<T, 2>(x, packed, scale, bias, y, M, N, K, ldp, lds, block_size, k_offset, stream);
+    case 64: return launch_mma_r<T, 4>(x, packed, scale, bias, y, M, N, K, ldp, lds, block_size, k_offset, stream);
+    default: return cudaErrorInvalidValue;
+  }
+}
+
+}  // namespace
+
+// rows_per_cta: 16, 32 or 64 (0: chosen from N so the grid covers the GPU: more rows per CTA
+// means fewer re-reads of x, fewer CTAs means fewer SMs streaming codes).
+cudaError_t launch_mma(bool bf16, const void* x, const uint8_t* packed, const __half* scale, const void* bias, void* y,
+                       int M, int N, int K, int ldp, int lds, int block_size, int k_offset, int rows_per_cta,
+                       int sm_count, cudaStream_t stream) {
+  if (rows_per_cta == 0) {
+    rows_per_cta = 16;
+    if ((N + 31) / 32 >= sm_count) rows_per_cta = 32;
+    if ((N + 63) / 64 >= 2 * sm_count) rows_per_cta = 64;
+  }
+  return bf16 ? launch_mma_t<__nv_bfloat16>(x, packed, scale, bias, y, M, N, K, ldp, lds, block_size, k_offset,
+                                            rows_per_cta, stream)
+              : launch_mma_t<__half>(x, packed, scale, bias, y, M, N, K, ldp, lds, block_size, k_offset, rows_per_cta,
+                                     stream);
+}
+
+}  // namespace ternary
