@@ -34,6 +34,18 @@ MINILM_DIR = REPO / "models/minilm-ternary-gpu"
 LATENCY_TOKENS = 16
 SEQ_LENS = (64, 512)
 BATCHES = (1, 8, 64, 256)
+# The device calls that produced e2e-h200.json (shared/device recipe: p1, then p2 with the first).
+DEVICE_COMMANDS = [
+    "bash ../shared/device/pack.sh  # here: vLLM 0.25.1 + Ray 2.60 payload in .carry/p1, .carry/p2",
+    "python scripts/bench_e2e.py minilm-bf16 .e2e/minilm-bf16  # here",
+    "run(kind=nvidia-h200-x2, carry=[.carry/p1]): bash .carry/p1/stash.sh",
+    "run(carry=[.carry/p2, .whl2]): bash .carry/p2/stash.sh -- bash scripts/gpu_e2e_run.sh setup kernel",
+    "run: source /root/site/activate.sh && bash scripts/gpu_e2e_run.sh prepare offline",
+    "run: source /root/site/activate.sh && bash scripts/gpu_e2e_run.sh serve1",
+    "run(carry=[.e2e]): source /root/site/activate.sh && SKIP_QWEN=1 MINILM_SRC=.e2e/minilm-bf16 "
+    "bash scripts/gpu_e2e_run.sh serve2 prepare minilm",
+    "python scripts/bench_e2e.py report PARTS_DIR  # here, on the files that came back",
+]
 TEXTS = ["w1 w2 w3 w4 w5 w6 w7 w8", "the a of to and in is it that for", "w10 the w11 a w12"]
 
 
@@ -62,7 +74,7 @@ def minilm_bf16(dst: Path) -> int:
     return 0
 
 
-def prepare(out: Path, minilm: Path | None) -> int:
+def prepare(out: Path, minilm: Path | None, qwen: bool = True) -> int:
     import torch
 
     from ternary_plugin.convert import convert
@@ -70,7 +82,7 @@ def prepare(out: Path, minilm: Path | None) -> int:
 
     out.mkdir(parents=True, exist_ok=True)
     result = {"models": {}}
-    jobs = [("qwen3-0.6b", QWEN_BF16_DIR, QWEN_DIR)]
+    jobs = [("qwen3-0.6b", QWEN_BF16_DIR, QWEN_DIR)] if qwen else []
     if minilm is not None:
         jobs.append(("minilm", minilm, MINILM_DIR))
     for name, src, dst in jobs:
@@ -92,7 +104,7 @@ def prepare(out: Path, minilm: Path | None) -> int:
             entry["validator"]["stderr"] = val.stderr[-2000:]
         result["models"][name] = entry
         print(json.dumps({name: {k: v for k, v in entry.items() if k != "conversion"}}, indent=1), flush=True)
-    (out / "prepare.json").write_text(json.dumps(result, indent=1) + "\n")
+    (out / f"prepare-{'-'.join(result['models'])}.json").write_text(json.dumps(result, indent=1) + "\n")
     return 0
 
 
@@ -163,9 +175,13 @@ def _serve_levels(part: dict, label: str) -> dict:
 def report(parts: Path, out: Path, name: str) -> int:
     offline_parts = {p.stem.removeprefix("offline-"): json.loads(p.read_text()) for p in sorted(parts.glob("offline-*.json"))}
     serve_parts = {p.stem.removeprefix("serve-gpu-"): json.loads(p.read_text()) for p in sorted(parts.glob("serve-gpu-*.json"))}
-    prep = json.loads((parts / "prepare.json").read_text()) if (parts / "prepare.json").exists() else {}
-    env = json.loads((parts / "env.json").read_text()) if (parts / "env.json").exists() else {}
-    result = {"gpu": env.get("gpu"), "versions": env.get("versions"), "commands": env.get("commands"),
+    prep = {}
+    for p in sorted(parts.glob("prepare-*.json")):
+        prep.update(json.loads(p.read_text())["models"])
+    envs = [json.loads(p.read_text()) for p in sorted(parts.glob("env-*.json"))]
+    env = next((e for e in envs if "not importable" not in str(e["versions"].get("vllm"))), envs[0] if envs else {})
+    result = {"gpu": env.get("gpu"), "gpus": max((e.get("gpus", 0) for e in envs), default=None),
+              "versions": env.get("versions"), "commands": DEVICE_COMMANDS,
               "model": "Qwen3-Embedding-0.6B architecture (hidden 1024, 28 layers, 16/8 heads, head_dim 128, "
                        "intermediate 3072, vocab 151669), random weights, made and converted on the GPU machine",
               "prepare": prep, "offline": offline_parts, "serve": serve_parts}
@@ -269,7 +285,8 @@ def main(argv=None) -> int:
     p.add_argument("dst", type=Path)
     p = sub.add_parser("prepare")
     p.add_argument("out", type=Path)
-    p.add_argument("--minilm", type=Path)
+    p.add_argument("--minilm", type=Path, help="MiniLM source (see minilm-bf16) to convert too")
+    p.add_argument("--skip-qwen", action="store_true")
     p = sub.add_parser("offline")
     p.add_argument("model", type=Path)
     p.add_argument("label")
@@ -283,7 +300,7 @@ def main(argv=None) -> int:
     if a.cmd == "minilm-bf16":
         return minilm_bf16(a.dst)
     if a.cmd == "prepare":
-        return prepare(a.out, a.minilm)
+        return prepare(a.out, a.minilm, qwen=not a.skip_qwen)
     if a.cmd == "offline":
         return offline(a.model, a.label, a.out, a.reference)
     return report(a.parts, a.out, a.name)

@@ -1,0 +1,113 @@
+#!/usr/bin/env bash
+# On the lent GPU machine (after shared/device's stash.sh has unpacked vLLM and Ray into
+# /root/site and activate.sh is sourced): the GPU issue's runs, one stage per device call.
+#
+#   bash scripts/gpu_e2e_run.sh setup kernel        # build + install, GPU tests, memcheck, kernel bench
+#   bash scripts/gpu_e2e_run.sh prepare offline     # 0.6B model made + converted + validated; offline vLLM
+#   bash scripts/gpu_e2e_run.sh serve1              # Ray Serve configs/tp1.yaml: ternary and bf16, reconcile
+#   SKIP_QWEN=1 MINILM_SRC=.e2e/minilm-bf16 bash scripts/gpu_e2e_run.sh serve2 prepare minilm
+#                                                   # configs/tp2.yaml on two GPUs, reconcile; MiniLM offline
+#
+# Everything a stage measures lands in $OUT (at most 8 files come back: JSON results, a log
+# tarball); scripts/bench_e2e.py report merges them here afterwards.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT" /root/e2e-logs
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 VLLM_PLUGINS=ternary
+LOGS=/root/e2e-logs
+# The tensor-core kernel is switched off for the e2e stages if its tests failed (kernel stage).
+[ -e /root/mma_broken ] && export TERNARY_MMA_MAX_M=0 && echo "NOTE: tensor-core kernel off (its GPU tests failed)"
+
+env_json() {  # GPU, versions, and this stage's command, for the report
+  python3 - "$1" <<'EOF' > "$OUT/env-$1.json"
+import json, subprocess, sys, torch
+v = {"torch": torch.__version__, "cuda": torch.version.cuda}
+for mod in ("vllm", "ray", "transformers"):
+    try:
+        v[mod] = __import__(mod).__version__
+    except Exception as exc:  # noqa: BLE001
+        v[mod] = f"not importable: {exc}"
+drv = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"], capture_output=True, text=True)
+v["driver"] = drv.stdout.strip().splitlines()[0] if drv.stdout.strip() else None
+print(json.dumps({"stage": sys.argv[1], "gpu": torch.cuda.get_device_name(0), "gpus": torch.cuda.device_count(),
+                  "versions": v}))
+EOF
+}
+
+stage_setup() {
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /root/site .whl2/*.whl || return 1
+  local t=$(date +%s)
+  TERNARY_CUDA_ARCHS=${TERNARY_CUDA_ARCHS:-90a} TERNARY_BUILD_CUDA=1 python3 -m pip install -q --no-deps \
+    --no-build-isolation -e . > "$LOGS/build.log" 2>&1 || { tail -40 "$LOGS/build.log"; return 1; }
+  echo "build + install: $(( $(date +%s) - t )) s"
+  python3 -c "import ternary_plugin.ops as o; assert o.cuda_op_available(), o._state; print('op loaded')"
+}
+
+stage_kernel() {
+  nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv
+  python3 -X faulthandler -m pytest -q -p no:cacheprovider -m gpu tests/test_kernel_gpu.py -k "not bad_inputs" \
+    > "$OUT/gpu_tests.log" 2>&1
+  tail -5 "$OUT/gpu_tests.log"
+  if grep -q "FAILED.*mma" "$OUT/gpu_tests.log"; then touch /root/mma_broken; echo "tensor-core kernel FAILED its tests"; fi
+  # the bad-input test alone; a crash gets a native backtrace from cuda-gdb (no gdb there)
+  timeout 120 python3 -X faulthandler -m pytest -q -p no:cacheprovider tests/test_kernel_gpu.py -k bad_inputs -s \
+    > "$LOGS/bad_inputs.log" 2>&1; rc=$?
+  echo "bad_inputs test rc=$rc"; grep -E "passed|failed|Fatal|Segmentation" "$LOGS/bad_inputs.log" | head -5
+  if [ $rc -ne 0 ] && [ $rc -ne 1 ]; then
+    timeout 150 cuda-gdb -batch -ex run -ex bt --args python3 -m pytest -q -p no:cacheprovider \
+      tests/test_kernel_gpu.py -k bad_inputs > "$LOGS/bad_inputs_gdb.log" 2>&1
+    grep -E "^#[0-9]+ " "$LOGS/bad_inputs_gdb.log" | head -25
+  fi
+  timeout 240 compute-sanitizer --tool memcheck --print-limit 20 python3 -m pytest -q -p no:cacheprovider \
+    tests/test_kernel_gpu.py -k "each_kernel and (mma or gemv) and bf16" > "$OUT/memcheck.log" 2>&1
+  tail -4 "$OUT/memcheck.log"
+  python3 scripts/bench_kernel.py --out "$OUT" --replays 50 > "$LOGS/bench_kernel.log" 2>&1 || tail -20 "$LOGS/bench_kernel.log"
+  grep -E "^Geometric|^Worst" "$OUT/kernel-h200.md"
+}
+
+stage_prepare() {
+  python3 scripts/bench_e2e.py prepare "$OUT" ${MINILM_SRC:+--minilm "$MINILM_SRC"} ${SKIP_QWEN:+--skip-qwen} 2>&1 | tail -40
+}
+
+stage_offline() {
+  python3 scripts/bench_e2e.py offline models/qwen3-embedding-0.6b-ternary qwen3-ternary "$OUT/offline-qwen3-ternary.json" \
+    --reference > "$LOGS/offline-qwen3-ternary.log" 2>&1 || tail -30 "$LOGS/offline-qwen3-ternary.log"
+  python3 scripts/bench_e2e.py offline models/qwen3-embedding-0.6b-bf16 qwen3-bf16 "$OUT/offline-qwen3-bf16.json" \
+    > "$LOGS/offline-qwen3-bf16.log" 2>&1 || tail -30 "$LOGS/offline-qwen3-bf16.log"
+  grep -hE "tok/s|p50" "$LOGS"/offline-qwen3-*.log | grep -v INFO | head -30
+}
+
+stage_minilm() {
+  python3 scripts/bench_e2e.py offline models/minilm-ternary-gpu minilm-ternary "$OUT/offline-minilm-ternary.json" \
+    --reference > "$LOGS/offline-minilm-ternary.log" 2>&1 || tail -30 "$LOGS/offline-minilm-ternary.log"
+  python3 scripts/bench_e2e.py offline "${MINILM_SRC:-.e2e/minilm-bf16}" minilm-bf16 "$OUT/offline-minilm-bf16.json" \
+    > "$LOGS/offline-minilm-bf16.log" 2>&1 || tail -30 "$LOGS/offline-minilm-bf16.log"
+  grep -hE "tok/s" "$LOGS"/offline-minilm-*.log | grep -v INFO | head -20
+}
+
+serve_bench() {  # CONFIG NAME MODELS...
+  local config=$1 name=$2; shift 2
+  local models=()
+  for m in "$@"; do models+=(--model "$m"); done
+  RAY_TMP=/tmp/ray-e2e python3 scripts/bench_serve.py --config "$config" "${models[@]}" --replicas 1 --words 16 \
+    --concurrency 1 16 64 --requests 3000 --max-seconds 20 --reconcile --out "$OUT" --name "$name" 2>&1 | tail -25
+  cp /tmp/"$name"-*.log "$LOGS"/ 2>/dev/null
+}
+
+stage_serve1() {
+  serve_bench configs/tp1.yaml serve-gpu-tp1 ternary=models/qwen3-embedding-0.6b-ternary bf16=models/qwen3-embedding-0.6b-bf16
+}
+
+stage_serve2() {
+  serve_bench configs/tp2.yaml serve-gpu-tp2 ternary=models/qwen3-embedding-0.6b-ternary
+}
+
+for stage in "$@"; do
+  echo "=== $stage ($(date +%T))"
+  t=$(date +%s)
+  "stage_$stage" || echo "stage $stage FAILED"
+  echo "=== $stage took $(( $(date +%s) - t )) s"
+  [ "$stage" = setup ] || env_json "$stage"
+done
+tar czf "$OUT/logs-$(echo "$@" | tr ' ' '-').tgz" -C "$LOGS" . 2>/dev/null
+ls "$OUT"
