@@ -39,7 +39,7 @@ DEVICE_COMMANDS = [
     "bash ../shared/device/pack.sh  # here: vLLM 0.25.1 + Ray 2.60 payload in .carry/p1, .carry/p2",
     "python scripts/bench_e2e.py minilm-bf16 .e2e/minilm-bf16  # here",
     "run(kind=nvidia-h200-x2, carry=[.carry/p1]): bash .carry/p1/stash.sh",
-    "run(carry=[.carry/p2, .whl2]): bash .carry/p2/stash.sh -- bash scripts/gpu_e2e_run.sh setup kernel",
+    "run(carry=[.carry/p2, .whl, .whl2]): bash .carry/p2/stash.sh -- bash scripts/gpu_e2e_run.sh setup kernel",
     "run: source /root/site/activate.sh && bash scripts/gpu_e2e_run.sh prepare offline",
     "run: source /root/site/activate.sh && bash scripts/gpu_e2e_run.sh serve1",
     "run(carry=[.e2e]): source /root/site/activate.sh && SKIP_QWEN=1 MINILM_SRC=.e2e/minilm-bf16 "

@@ -35,7 +35,8 @@ EOF
 }
 
 stage_setup() {
-  python3 -m pip install -q --no-index --no-deps --no-compile --target /root/site .whl2/*.whl || return 1
+  # pytest (.whl) and compressed-tensors + loguru (.whl2: vLLM 0.25.1 imports them for any quantized model)
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /root/site .whl/*.whl .whl2/*.whl || return 1
   local t=$(date +%s)
   TERNARY_CUDA_ARCHS=${TERNARY_CUDA_ARCHS:-90a} TERNARY_BUILD_CUDA=1 python3 -m pip install -q --no-deps \
     --no-build-isolation -e . > "$LOGS/build.log" 2>&1 || { tail -40 "$LOGS/build.log"; return 1; }
