@@ -21,7 +21,7 @@ cudaError_t launch_mma(bool bf16, const void* x, const uint8_t* packed, const __
 namespace {
 
 // Dispatch by M (measured on the H200, benchmarks/results/kernel-h200.md):
-//   M <= TERNARY_MMA_MAX_M (default 64) and the layer's blocks start on 128-weight boundaries:
+//   M <= TERNARY_MMA_MAX_M (default 32) and the layer's blocks start on 128-weight boundaries:
 //     the tensor-core kernel (csrc/ternary_mma.cu);
 //   else M <= TERNARY_GEMV_MAX_M (default 1): the warp-per-row kernel (any k_offset);
 //   else: dequantize + cuBLAS.
@@ -34,17 +34,44 @@ int64_t gemv_max_m() {
   return v;
 }
 int64_t mma_max_m() {
-  static const int64_t v = env_int("TERNARY_MMA_MAX_M", 64);
+  static const int64_t v = env_int("TERNARY_MMA_MAX_M", 32);
   return v;
 }
 
 enum Path : int64_t { kAuto = 0, kGemv = 1, kMma = 2, kDequant = 3 };
 
-#define CHECK_ARG(cond, ...) TORCH_CHECK(cond, "ternary_serve::gemm: ", __VA_ARGS__)
+// Error messages are built here with std::to_string and handed to TORCH_CHECK as ONE string,
+// which c10::str passes through without an ostringstream. Formatting numbers through c10's
+// stream (TORCH_CHECK(cond, "...", int)) segfaulted inside std::ostream::_M_insert<long> on
+// the lent H200's build (nvcc 13 / g++ 13 against the torch 2.11 wheel: a num_put facet from
+// a second libstdc++, by the backtrace), so a user's bad input crashed the process.
+void append(std::string& s, const char* v) { s += v; }
+void append(std::string& s, const std::string& v) { s += v; }
+void append(std::string& s, int64_t v) { s += std::to_string(v); }
+void append(std::string& s, int v) { s += std::to_string(v); }
+void append(std::string& s, c10::ScalarType v) { s += c10::toString(v); }
+void append(std::string& s, c10::IntArrayRef v) {
+  s += "[";
+  for (size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + std::to_string(v[i]);
+  s += "]";
+}
+template <typename... A>
+std::string cat(const A&... parts) {
+  std::string s;
+  (append(s, parts), ...);
+  return s;
+}
+
+#define CHECK_ARG(cond, ...)                                                 \
+  do {                                                                       \
+    if (!(cond)) {                                                           \
+      const std::string ternary_msg_ = cat("ternary_serve::gemm: ", __VA_ARGS__); \
+      TORCH_CHECK(false, ternary_msg_);                                      \
+    }                                                                        \
+  } while (0)
 
 void check_cuda_error(cudaError_t err, const char* what, int64_t m, int64_t n, int64_t k) {
-  TORCH_CHECK(err == cudaSuccess, "ternary_serve::gemm: ", what, " failed for m=", m, " n=", n, " k=", k, ": ",
-              cudaGetErrorString(err));
+  CHECK_ARG(err == cudaSuccess, what, " failed for m=", m, " n=", n, " k=", k, ": ", cudaGetErrorString(err));
 }
 
 torch::Tensor gemm_path(const torch::Tensor& x,       // [M, K] bf16/fp16
