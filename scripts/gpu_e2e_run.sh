@@ -73,6 +73,7 @@ stage_profile() {  # Nsight Compute on the tensor-core kernel: gate_up (K 1024, 
       --section MemoryWorkloadAnalysis --section SchedulerStats python3 - "$m" > "$LOGS/ncu-gate_up-m$m.txt" 2>&1 <<'EOF2'
 import sys, torch
 from ternary_plugin import format as fmt, ops
+assert ops.cuda_op_available(), ops._state
 m = int(sys.argv[1]); k, n = 1024, 6144
 packed = ops.pad_packed_rows(fmt.pack_ternary(torch.randint(-1, 2, (n, k), dtype=torch.int8))).cuda()
 scale = (torch.rand(n, 8) * 0.05 + 0.01).half().cuda()
