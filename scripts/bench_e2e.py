@@ -127,11 +127,13 @@ def offline(model: Path, label: str, out: Path, reference: bool) -> int:
 
     from transformers import AutoConfig
 
-    max_len = min(1024, getattr(AutoConfig.from_pretrained(model), "max_position_embeddings", 1024))  # MiniLM: 512
+    # 1024 for Qwen3 (32768 positions); MiniLM: vLLM derives 256 from sentence-transformers' config
+    positions = getattr(AutoConfig.from_pretrained(model), "max_position_embeddings", 1024)
     t0 = time.time()
-    llm = LLM(model=str(model), runner="pooling", dtype="bfloat16", seed=0, max_model_len=max_len,
+    llm = LLM(model=str(model), runner="pooling", dtype="bfloat16", seed=0, max_model_len=1024 if positions >= 1024 else None,
               max_num_batched_tokens=16384, gpu_memory_utilization=0.5, worker_extension_cls=EXTENSION)
     start_s = time.time() - t0
+    max_len = llm.llm_engine.model_config.max_model_len
     vocab = min(llm.get_tokenizer().vocab_size, 1000)
     rng = random.Random(0)
 
