@@ -37,13 +37,16 @@ BATCHES = (1, 8, 64, 256)
 # The device calls that produced e2e-h200.json (shared/device recipe: p1, then p2 with the first).
 DEVICE_COMMANDS = [
     "bash ../shared/device/pack.sh  # here: vLLM 0.25.1 + Ray 2.60 payload in .carry/p1, .carry/p2",
-    "python scripts/bench_e2e.py minilm-bf16 .e2e/minilm-bf16  # here",
+    "python scripts/bench_e2e.py minilm-bf16 .e2e/minilm-bf16  # here: MiniLM as bf16, to carry",
     "run(kind=nvidia-h200-x2, carry=[.carry/p1]): bash .carry/p1/stash.sh",
     "run(carry=[.carry/p2, .whl, .whl2]): bash .carry/p2/stash.sh -- bash scripts/gpu_e2e_run.sh setup kernel",
     "run: source /root/site/activate.sh && bash scripts/gpu_e2e_run.sh prepare offline",
-    "run: source /root/site/activate.sh && bash scripts/gpu_e2e_run.sh serve1",
+    "run: source /root/site/activate.sh && bash scripts/gpu_e2e_run.sh serve1  # failed, see serve_not_run",
+    "run(kind=nvidia-h200, carry=[.carry/p1]): bash .carry/p1/stash.sh",
+    "run(carry=[.carry/p2, .whl, .whl2]): bash .carry/p2/stash.sh -- bash scripts/gpu_e2e_run.sh setup kernel profile",
     "run(carry=[.e2e]): source /root/site/activate.sh && SKIP_QWEN=1 MINILM_SRC=.e2e/minilm-bf16 "
-    "bash scripts/gpu_e2e_run.sh serve2 prepare minilm",
+    "bash scripts/gpu_e2e_run.sh prepare minilm",
+    "run(carry=[.e2e]): source /root/site/activate.sh && MINILM_SRC=.e2e/minilm-bf16 bash scripts/gpu_e2e_run.sh minilm profile",
     "python scripts/bench_e2e.py report PARTS_DIR  # here, on the files that came back",
 ]
 TEXTS = ["w1 w2 w3 w4 w5 w6 w7 w8", "the a of to and in is it that for", "w10 the w11 a w12"]
@@ -190,6 +193,10 @@ def report(parts: Path, out: Path, name: str) -> int:
               "model": "Qwen3-Embedding-0.6B architecture (hidden 1024, 28 layers, 16/8 heads, head_dim 128, "
                        "intermediate 3072, vocab 151669), random weights, made and converted on the GPU machine",
               "prepare": prep, "offline": offline_parts, "serve": serve_parts}
+    if (parts / "notes.txt").exists():
+        result["notes"] = (parts / "notes.txt").read_text().strip()
+    if (parts / "serve-not-run.txt").exists():  # why the Serve figures are missing, in the run's words
+        result["serve_not_run"] = (parts / "serve-not-run.txt").read_text().strip()
     tp1 = serve_parts.get("tp1", {})
     for label in ("ternary", "bf16"):
         off = offline_parts.get(f"qwen3-{label}", {})
@@ -222,6 +229,8 @@ def report(parts: Path, out: Path, name: str) -> int:
 
 def markdown(r: dict) -> str:
     lines = [f"# End to end on {r.get('gpu')}: ternary against bf16", "", r["model"] + ".", ""]
+    if r.get("notes"):
+        lines += [r["notes"], ""]
     if r.get("versions"):
         lines += ["Versions: " + ", ".join(f"{k} {v}" for k, v in r["versions"].items()) + ".", ""]
     lines += ["| figure | ternary | bf16 | ratio |", "|---|---|---|---|"]
@@ -249,6 +258,8 @@ def markdown(r: dict) -> str:
             if entry.get("reconcile"):
                 lines.append(f"| {tp} | {label} | reconcile exit {entry['reconcile']['exit']} | "
                              f"{entry['reconcile']['summary']} | | | | |")
+    if r.get("serve_not_run"):
+        lines += ["", "**Ray Serve on the GPU: not run.** " + r["serve_not_run"]]
     if r.get("commands"):
         lines += ["", "Commands:", ""] + [f"- `{c}`" for c in r["commands"]]
     return "\n".join(lines) + "\n"
@@ -272,13 +283,23 @@ def plot(r: dict, path: Path) -> None:
     ax.set(xscale="log", yscale="log", xlabel="batch (inputs)", ylabel="tokens/s", title="offline vLLM, one H200")
     ax.legend(fontsize=8)
     ax = axes[1]
+    if not r["serve"]:  # no Serve figures: MiniLM's offline curve instead
+        for label, style in (("ternary", "-o"), ("bf16", "--s")):
+            off = r["offline"].get(f"minilm-{label}")
+            if off:
+                pts = [(x["batch"], x["tokens_per_s"]) for x in off["throughput"]]
+                ax.plot([p[0] for p in pts], [p[1] for p in pts], style, label=f"MiniLM {label}, 64 tokens")
+        ax.set(xscale="log", yscale="log", xlabel="batch (inputs)", ylabel="tokens/s",
+               title="offline vLLM, MiniLM (Ray Serve on GPU not run)")
+        ax.legend(fontsize=8)
     for tp, part in r["serve"].items():
         for label, entry in part.get("models", {}).items():
             lv = entry.get("levels", [])
             ax.plot([x["concurrency"] for x in lv], [x["embeddings_per_s"] for x in lv], "-o" if label == "ternary" else "--s",
                     label=f"{label} {tp}")
-    ax.set(xscale="log", xlabel="concurrent requests", ylabel="embeddings/s", title="Ray Serve, 16-token inputs")
-    ax.legend(fontsize=8)
+    if r["serve"]:
+        ax.set(xscale="log", xlabel="concurrent requests", ylabel="embeddings/s", title="Ray Serve, 16-token inputs")
+        ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 

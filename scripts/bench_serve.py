@@ -82,6 +82,15 @@ async def run_level(model_id: str, key: str | None, concurrency: int, requests: 
     }
 
 
+def deploy_failure(log: Path) -> str | None:
+    """The error lines of a failed application build or deployment in serve_local.sh's log."""
+    text = log.read_text(errors="replace") if log.exists() else ""
+    if "Exception importing application" not in text and "DEPLOY_FAILED" not in text:
+        return None
+    errors = [line for line in text.splitlines() if "Error" in line and "Traceback" not in line]
+    return "\n".join(dict.fromkeys(errors[-6:])) or "see the log"
+
+
 def serve_model(config: Path, model_dir: Path, model_id: str, log: Path, replicas: int | None = None) -> subprocess.Popen:
     cfg = yaml.safe_load(config.read_text())
     args = cfg["applications"][0]["args"]
@@ -98,6 +107,11 @@ def serve_model(config: Path, model_dir: Path, model_id: str, log: Path, replica
     while time.time() < deadline:
         if proc.poll() is not None:
             raise SystemExit(f"serve exited; see {log}")
+        failure = deploy_failure(log)
+        if failure:  # Serve retries a failing build forever: stop at the first one
+            os.killpg(proc.pid, signal.SIGTERM)
+            proc.wait(timeout=180)
+            raise SystemExit(f"the application failed to deploy ({log}):\n{failure}")
         try:
             if httpx.get(f"{BASE}/health", timeout=5).status_code == 200:
                 return proc
