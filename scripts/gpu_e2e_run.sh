@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # On the lent GPU machine (after shared/device's stash.sh has unpacked vLLM and Ray into
 # /root/site and activate.sh is sourced): the GPU issue's runs, one stage per device call.
+# Here first: bash scripts/gpu_pack.sh (the payload with Ray 2.57.1, whose Serve LLM matches
+# vLLM 0.25.1) and bash scripts/gpu_wheels.sh (.whl, .whl2: carry them with the p2 call).
 #
 #   bash scripts/gpu_e2e_run.sh setup kernel        # build + install, GPU tests, memcheck, kernel bench
 #   bash scripts/gpu_e2e_run.sh prepare offline     # 0.6B model made + converted + validated; offline vLLM
@@ -35,7 +37,7 @@ EOF
 }
 
 stage_setup() {
-  # pytest (.whl) and compressed-tensors + loguru (.whl2: vLLM 0.25.1 imports them for any quantized model)
+  # pytest (.whl) and what vLLM 0.25.1 imports beyond the payload (.whl2; scripts/gpu_wheels.sh)
   python3 -m pip install -q --no-index --no-deps --no-compile --target /root/site .whl/*.whl .whl2/*.whl || return 1
   local t=$(date +%s)
   TERNARY_CUDA_ARCHS=${TERNARY_CUDA_ARCHS:-90a} TERNARY_BUILD_CUDA=1 python3 -m pip install -q --no-deps \
