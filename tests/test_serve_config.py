@@ -62,3 +62,38 @@ def test_omp_bind_splits_cores_over_ranks():
     assert omp_bind(2, 2) == "0|1"
     assert omp_bind(4, 2) == "0|1|0|1"
     assert omp_bind(2, 8) == "0-3|4-7"
+
+
+def test_serve_llm_import_failure_names_the_version_pair(monkeypatch):
+    """Seen on the H200: Ray 2.60's Serve LLM with vLLM 0.25.1 fails inside Ray with a bare
+    ModuleNotFoundError; build_app says which pair is installed and what would match."""
+    import builtins
+
+    from deployments import app
+
+    real_import = builtins.__import__
+
+    def failing_import(name, *args, **kwargs):
+        if name.startswith("ray.llm._internal.serve.core.configs"):
+            raise ModuleNotFoundError("No module named 'vllm.entrypoints.serve.engine.protocol'")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", failing_import)
+    with pytest.raises(ImportError) as info:
+        app.build_app({"model": "models/does-not-matter"})
+    msg = str(info.value)
+    assert "vllm.entrypoints.serve.engine.protocol" in msg
+    import ray
+
+    assert f"Installed: ray {ray.__version__}" in msg and "built for vllm" in msg and "gpu_pack.sh" in msg
+
+
+def test_bench_serve_stops_at_a_failed_deploy(tmp_path):
+    from scripts.bench_serve import deploy_failure
+
+    log = tmp_path / "serve.log"
+    log.write_text("starting\n(ServeController) ImportError: vLLM is installed but failed to import\n"
+                   "WARNING controller -- Exception importing application 'ternary-embeddings'.\n")
+    assert "ImportError: vLLM is installed but failed to import" in deploy_failure(log)
+    log.write_text("Deployed app 'ternary-embeddings' successfully.\n")
+    assert deploy_failure(log) is None
