@@ -13,9 +13,11 @@
 //   bias    [N] or null   x's dtype
 //   y       [M, N]        x's dtype
 //
-// Two regimes, chosen by M in ternary_ops.cpp:
+// The kernels of this file; ternary_ops.cpp chooses by M (the tensor-core kernel of
+// ternary_mma.cu first, up to TERNARY_MMA_MAX_M rows, where a layer's blocks start on
+// 128-weight boundaries):
 //
-//   M <= TERNARY_GEMV_MAX_M (16): ternary_gemv_kernel. Memory-bound: every weight byte is read once per
+//   M <= TERNARY_GEMV_MAX_M (default 1): ternary_gemv_kernel. Memory-bound: every weight byte is read once per
 //     tile of MT activation rows. One warp per output row n; the warp walks K in chunks of
 //     32 weights (8 bytes of codes) per lane:
 //
@@ -26,7 +28,7 @@
 //     shard's k_offset), so each lane keeps two partial sums per activation row and multiplies each by
 //     its scale once per chunk. The warp then reduces across lanes with shuffles.
 //
-//   M > TERNARY_GEMV_MAX_M: ternary_dequant_kernel writes W (x's dtype) to a workspace and cuBLAS
+//   larger M: ternary_dequant_kernel writes W (x's dtype) to a workspace and cuBLAS
 //     multiplies (the same split as vLLM's AWQ path for >= 256 tokens). Compute-bound there,
 //     the dequantization costs N*K*2 bytes of writes against 2*M*N*K flops.
 
