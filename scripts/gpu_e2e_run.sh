@@ -94,19 +94,21 @@ stage_prepare() {
   python3 scripts/bench_e2e.py prepare "$OUT" ${MINILM_SRC:+--minilm "$MINILM_SRC"} ${SKIP_QWEN:+--skip-qwen} 2>&1 | tail -40
 }
 
+offline_run() {  # MODEL_DIR LABEL [--reference]: one engine, its log in $LOGS, its JSON in $OUT
+  local model=$1 label=$2; shift 2
+  python3 scripts/bench_e2e.py offline "$model" "$label" "$OUT/offline-$label.json" "$@" \
+    > "$LOGS/offline-$label.log" 2>&1 || tail -30 "$LOGS/offline-$label.log"
+}
+
 stage_offline() {
-  python3 scripts/bench_e2e.py offline models/qwen3-embedding-0.6b-ternary qwen3-ternary "$OUT/offline-qwen3-ternary.json" \
-    --reference > "$LOGS/offline-qwen3-ternary.log" 2>&1 || tail -30 "$LOGS/offline-qwen3-ternary.log"
-  python3 scripts/bench_e2e.py offline models/qwen3-embedding-0.6b-bf16 qwen3-bf16 "$OUT/offline-qwen3-bf16.json" \
-    > "$LOGS/offline-qwen3-bf16.log" 2>&1 || tail -30 "$LOGS/offline-qwen3-bf16.log"
+  offline_run models/qwen3-embedding-0.6b-ternary qwen3-ternary --reference
+  offline_run models/qwen3-embedding-0.6b-bf16 qwen3-bf16
   grep -hE "tok/s|p50" "$LOGS"/offline-qwen3-*.log | grep -v INFO | head -30
 }
 
 stage_minilm() {
-  python3 scripts/bench_e2e.py offline models/minilm-ternary-gpu minilm-ternary "$OUT/offline-minilm-ternary.json" \
-    --reference > "$LOGS/offline-minilm-ternary.log" 2>&1 || tail -30 "$LOGS/offline-minilm-ternary.log"
-  python3 scripts/bench_e2e.py offline "${MINILM_SRC:-.e2e/minilm-bf16}" minilm-bf16 "$OUT/offline-minilm-bf16.json" \
-    > "$LOGS/offline-minilm-bf16.log" 2>&1 || tail -30 "$LOGS/offline-minilm-bf16.log"
+  offline_run models/minilm-ternary-gpu minilm-ternary --reference
+  offline_run "${MINILM_SRC:-.e2e/minilm-bf16}" minilm-bf16
   grep -hE "tok/s" "$LOGS"/offline-minilm-*.log | grep -v INFO | head -20
 }
 

@@ -56,15 +56,18 @@ class TernaryWorkerExtension:
     def _ternary_model(self) -> torch.nn.Module:
         return self.model_runner.get_model()
 
-    def ternary_status(self) -> dict:
-        """Cheap per-rank check for health probes: plugin loaded, ternary layers present."""
+    def _tp_rank(self) -> int:
         from vllm.distributed import get_tensor_model_parallel_rank
 
+        return get_tensor_model_parallel_rank()
+
+    def ternary_status(self) -> dict:
+        """Cheap per-rank check for health probes: plugin loaded, ternary layers present."""
         from . import is_registered
 
         return {
             "pid": os.getpid(),
-            "tp_rank": get_tensor_model_parallel_rank(),
+            "tp_rank": self._tp_rank(),
             "plugin_loaded": is_registered(),
             "ternary_layers": len(ternary_layers(self._ternary_model())),
         }
@@ -72,11 +75,9 @@ class TernaryWorkerExtension:
     def ternary_inject_fault(self, layer_suffix: str, kind: str, rank: int) -> str | None:
         """Test-only: on tp rank ``rank`` only, corrupt one layer ("flip" a packed byte's bits,
         or "shift" its scales by one block). Refused unless TERNARY_ALLOW_FAULT_INJECTION=1."""
-        from vllm.distributed import get_tensor_model_parallel_rank
-
         if os.environ.get("TERNARY_ALLOW_FAULT_INJECTION") != "1":
             raise PermissionError("fault injection is disabled (TERNARY_ALLOW_FAULT_INJECTION != 1)")
-        if get_tensor_model_parallel_rank() != rank:
+        if self._tp_rank() != rank:
             return None
         layers = ternary_layers(self._ternary_model())
         name = next(n for n in layers if n.endswith(layer_suffix))
@@ -115,20 +116,15 @@ class TernaryWorkerExtension:
             "device": str(next(model.parameters()).device),
         }
 
-    def _tp_rank(self) -> int:
-        from vllm.distributed import get_tensor_model_parallel_rank
-
-        return get_tensor_model_parallel_rank()
-
     def ternary_report(self) -> dict:
-        from vllm.distributed import get_tensor_model_parallel_rank, get_tensor_model_parallel_world_size
+        from vllm.distributed import get_tensor_model_parallel_world_size
 
         from . import is_registered
 
         layers = ternary_layers(self._ternary_model())
         return {
             "pid": os.getpid(),
-            "tp_rank": get_tensor_model_parallel_rank(),
+            "tp_rank": self._tp_rank(),
             "tp_size": get_tensor_model_parallel_world_size(),
             "plugin_loaded": is_registered(),
             "layers": {name: layer_report(layer) for name, layer in layers.items()},

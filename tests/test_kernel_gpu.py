@@ -52,6 +52,11 @@ def _case(m, n, k, k_offset, bs, dtype, seed):
     return x.cuda(), packed.cuda(), scale.cuda(), bias.cuda(), values, scale
 
 
+def _reference(x, values, scale_cpu, k, bs, k_offset, bias=None):
+    w = values.double() * fmt.expand_scales(scale_cpu, k, bs, k_offset).double()
+    return x.cpu().double() @ w.t() + (bias.cpu().double() if bias is not None else 0)
+
+
 def _poison_allocator(nbytes):
     """Fill freed cache blocks with NaN so an unwritten output element shows up."""
     t = torch.full((nbytes // 2 + 1024,), float("nan"), dtype=torch.float16, device="cuda")
@@ -68,15 +73,9 @@ def test_gemm_matches_float64_reference(m, n, k, k_offset, bs, reason, dtype, wi
     torch.cuda.synchronize()
     assert y.shape == (m, n) and y.dtype == dtype
     assert bool(torch.isfinite(y).all()), "unwritten (NaN-poisoned) or non-finite output"
-    w = values.double() * fmt.expand_scales(scale_cpu, k, bs, k_offset).double()
-    ref = x.cpu().double() @ w.t() + (bias.cpu().double() if with_bias else 0)
+    ref = _reference(x, values, scale_cpu, k, bs, k_offset, bias if with_bias else None)
     rel = float((y.cpu().double() - ref).norm() / ref.norm())
     assert rel < TOL[dtype], f"{reason}: relative error {rel:.2e}"
-
-
-def _reference(x, values, scale_cpu, k, bs, k_offset, bias=None):
-    w = values.double() * fmt.expand_scales(scale_cpu, k, bs, k_offset).double()
-    return x.cpu().double() @ w.t() + (bias.cpu().double() if bias is not None else 0)
 
 
 GEMV, MMA, DEQUANT = 1, 2, 3
