@@ -46,11 +46,24 @@ stop_cluster() {
 }
 trap stop_cluster EXIT
 trap 'exit 143' INT TERM
-for _ in $(seq 60); do "${RAY_CLI[@]}" status --address "$RAY_ADDRESS" >/dev/null 2>&1 && break; sleep 1; done
+# wait_for WHAT SECONDS CMD...: poll CMD once a second; on timeout name what never came up,
+# show the end of Ray's log, and exit (the trap stops the cluster).
+wait_for() {
+  local what=$1 secs=$2; shift 2
+  for _ in $(seq "$secs"); do "$@" >/dev/null 2>&1 && return 0; sleep 1; done
+  echo "serve_local.sh: $what did not come up within ${secs}s; end of $RAY_TMP.log:" >&2
+  tail -n 30 "$RAY_TMP.log" >&2
+  exit 1
+}
+wait_for "the Ray head at $RAY_ADDRESS" 120 "${RAY_CLI[@]}" status --address "$RAY_ADDRESS"
 if [ "${SERVE_MODE:-run}" = deploy ]; then
   # `serve deploy` hands the config to the cluster's dashboard and returns; keep this script
-  # (and so the cluster) alive until it is stopped.
-  "${SERVE_CLI[@]}" deploy --address "http://127.0.0.1:${DASHBOARD_PORT:-8265}" "$CONFIG"
+  # (and so the cluster) alive until it is stopped. The dashboard's HTTP server starts after
+  # the GCS answers `ray status` (seen in CI: seconds later on a loaded machine), so wait for
+  # the endpoint `serve deploy` checks first.
+  DASHBOARD_URL="http://127.0.0.1:${DASHBOARD_PORT:-8265}"
+  wait_for "the Ray dashboard at $DASHBOARD_URL" 120 curl -sf -m 2 "$DASHBOARD_URL/api/ray/version"
+  "${SERVE_CLI[@]}" deploy --address "$DASHBOARD_URL" "$CONFIG"
   sleep infinity &
 else
   "${SERVE_CLI[@]}" run --address "$RAY_ADDRESS" "$CONFIG" &
