@@ -37,34 +37,28 @@
 #include <cuda_runtime.h>
 #include <stdint.h>
 
+#include "ternary_common.cuh"
+
 namespace ternary {
 
 constexpr int kWarp = 32;
 constexpr int kRowsPerBlock = 8;   // one warp per output row: 256 threads a block
 constexpr int kChunk = 32;         // weights per lane per step (8 bytes of codes)
 
-template <typename T> struct Vec;
-template <> struct Vec<__nv_bfloat16> {
-  static __device__ __forceinline__ float to_float(__nv_bfloat16 v) { return __bfloat162float(v); }
-  static __device__ __forceinline__ __nv_bfloat16 from_float(float v) { return __float2bfloat16_rn(v); }
-};
-template <> struct Vec<__half> {
-  static __device__ __forceinline__ float to_float(__half v) { return __half2float(v); }
-  static __device__ __forceinline__ __half from_float(float v) { return __float2half_rn(v); }
-};
-
-// 8 activations (16 bytes) at x + k, as floats; positions >= k_end read as 0.
+// 8 activations (16 bytes) at x + k, raw (converted where used, so that every load of a
+// chunk is in flight before the first one is waited for); positions >= k_end read as 0.
 template <typename T>
-__device__ __forceinline__ void load8(const T* __restrict__ x, int k, int k_end, bool vec_ok, float out[8]) {
-  if (vec_ok && k + 8 <= k_end) {
-    uint4 raw = __ldg(reinterpret_cast<const uint4*>(x + k));
-    const T* v = reinterpret_cast<const T*>(&raw);
+__device__ __forceinline__ uint4 load8(const T* __restrict__ x, int k, int k_end, bool vec_ok) {
+  if (vec_ok && k + 8 <= k_end) return __ldg(reinterpret_cast<const uint4*>(x + k));
+  const unsigned short* xs = reinterpret_cast<const unsigned short*>(x);
+  uint32_t w[4];
 #pragma unroll
-    for (int i = 0; i < 8; ++i) out[i] = Vec<T>::to_float(v[i]);
-  } else {
-#pragma unroll
-    for (int i = 0; i < 8; ++i) out[i] = (k + i < k_end) ? Vec<T>::to_float(x[k + i]) : 0.f;
+  for (int i = 0; i < 4; ++i) {
+    const uint32_t lo = k + 2 * i < k_end ? xs[k + 2 * i] : 0u;
+    const uint32_t hi = k + 2 * i + 1 < k_end ? xs[k + 2 * i + 1] : 0u;
+    w[i] = lo | (hi << 16);
   }
+  return make_uint4(w[0], w[1], w[2], w[3]);
 }
 
 // Code -> value without a branch: 00 -> 0, 01 -> +1, 10 -> -1, 11 (reserved) -> 0.
@@ -90,20 +84,31 @@ ternary_gemv_kernel(const T* __restrict__ x,          // [M, K]
   const bool vec_ok = (K % 8 == 0);  // rows of x 16-byte aligned (x itself is, from torch)
 
   const uint8_t* prow = packed + (size_t)n * ldp;
-  const __half* srow = scale + (size_t)n * lds;
+  const unsigned short* srow = reinterpret_cast<const unsigned short*>(scale) + (size_t)n * lds;
+  // Activation rows past M read row M-1 (never stored): no branch around the loads.
+  const T* xrow[MT];
+#pragma unroll
+  for (int m = 0; m < MT; ++m) xrow[m] = x + (size_t)min(m0 + m, M - 1) * K;
   float acc[MT];
 #pragma unroll
   for (int m = 0; m < MT; ++m) acc[m] = 0.f;
 
   for (int k0 = lane * kChunk; k0 < K; k0 += kWarp * kChunk) {
-    // 32 codes: bytes [k0/4, k0/4 + 8) of the row (ldp padding keeps the load in bounds)
+    // Every load of the chunk first: 32 codes (bytes [k0/4, k0/4 + 8) of the row; ldp padding
+    // keeps the load in bounds), both scale blocks it may touch, 32 activations per row.
     const uint2 codes = __ldg(reinterpret_cast<const uint2*>(prow + k0 / 4));
     // scale blocks of this chunk: b0 for weights before `split`, b0 + 1 after it
     const int p = k0 + k_offset;
     const int b0 = p / block_size;
     const int split = min(block_size - (p - b0 * block_size), kChunk);
-    const float s0 = __half2float(srow[b0]);
-    const float s1 = (split < kChunk && (k0 + split) < K) ? __half2float(srow[b0 + 1]) : 0.f;
+    const bool two_blocks = split < kChunk && (k0 + split) < K;
+    const unsigned short s0bits = __ldg(srow + b0);
+    const unsigned short s1bits = __ldg(srow + min(b0 + 1, lds - 1));
+    uint4 xr[MT][4];
+#pragma unroll
+    for (int m = 0; m < MT; ++m)
+#pragma unroll
+      for (int g = 0; g < 4; ++g) xr[m][g] = load8(xrow[m], k0 + g * 8, K, vec_ok);
 
     float part0[MT], part1[MT];
 #pragma unroll
@@ -117,17 +122,16 @@ ternary_gemv_kernel(const T* __restrict__ x,          // [M, K]
       for (int i = 0; i < 8; ++i) w[i] = code_value(word, base + i);
 #pragma unroll
       for (int m = 0; m < MT; ++m) {
-        if (m < mt) {
-          float xv[8];
-          load8(x + (size_t)(m0 + m) * K, k0 + g * 8, K, vec_ok, xv);
+        const T* xv = reinterpret_cast<const T*>(&xr[m][g]);
 #pragma unroll
-          for (int i = 0; i < 8; ++i) {
-            const float prod = w[i] * xv[i];
-            if (g * 8 + i < split) part0[m] += prod; else part1[m] += prod;
-          }
+        for (int i = 0; i < 8; ++i) {
+          const float prod = w[i] * Vec<T>::to_float(xv[i]);
+          if (g * 8 + i < split) part0[m] += prod; else part1[m] += prod;
         }
       }
     }
+    const float s0 = scale_from_bits(s0bits);
+    const float s1 = two_blocks ? scale_from_bits(s1bits) : 0.f;
 #pragma unroll
     for (int m = 0; m < MT; ++m) acc[m] += part0[m] * s0 + part1[m] * s1;
   }
@@ -191,10 +195,10 @@ static cudaError_t launch_gemv_t(const void* x, const uint8_t* packed, const __h
   ternary_gemv_kernel<T, MT_><<<dim3((N + kRowsPerBlock - 1) / kRowsPerBlock, (M + MT_ - 1) / MT_), \
                                 block, 0, stream>>>(xt, packed, scale, bt, yt, M, N, K, ldp, lds,   \
                                                     block_size, k_offset)
+  // (MT = 8 took 255 registers once every load of a chunk is hoisted: M > 4 uses tiles of 4.)
   if (M <= 1) TERNARY_LAUNCH(1);
   else if (M <= 2) TERNARY_LAUNCH(2);
-  else if (M <= 4) TERNARY_LAUNCH(4);
-  else TERNARY_LAUNCH(8);
+  else TERNARY_LAUNCH(4);
 #undef TERNARY_LAUNCH
   return cudaGetLastError();
 }

@@ -31,6 +31,8 @@
 #include <cuda_runtime.h>
 #include <stdint.h>
 
+#include "ternary_common.cuh"
+
 namespace ternary {
 namespace {
 
@@ -52,8 +54,6 @@ template <> struct MmaTraits<__nv_bfloat16> {
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
   }
-  static __device__ __forceinline__ float to_float(__nv_bfloat16 v) { return __bfloat162float(v); }
-  static __device__ __forceinline__ __nv_bfloat16 from_float(float v) { return __float2bfloat16_rn(v); }
 };
 template <> struct MmaTraits<__half> {
   static constexpr uint32_t kMagic0 = 0x5C006400u, kMagic1 = 0x4C005400u;
@@ -68,8 +68,6 @@ template <> struct MmaTraits<__half> {
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
   }
-  static __device__ __forceinline__ float to_float(__half v) { return __half2float(v); }
-  static __device__ __forceinline__ __half from_float(float v) { return __float2half_rn(v); }
 };
 
 // The four weights of code byte `k` (0..3) of `word` as two packed pairs: lo = (w0, w1), hi = (w2, w3).
@@ -81,11 +79,10 @@ __device__ __forceinline__ void decode_byte(uint32_t word, int k, uint32_t& lo, 
   hi = MmaTraits<T>::sub2((w & 0x00400010u) | MmaTraits<T>::kMagic1, (w1 & 0x00400010u) | MmaTraits<T>::kMagic1);
 }
 
-// 32 activations x[k0 .. k0+32) of one token as 16 packed pairs; positions >= K (or a token
-// past M: x == nullptr) read as 0.
+// 32 activations x[k0 .. k0+32) of one token as 16 packed pairs; positions >= K read as 0.
 template <typename T>
 __device__ __forceinline__ void load_x32(const T* __restrict__ x, int k0, int K, bool vec_ok, uint32_t out[16]) {
-  if (x != nullptr && vec_ok && k0 + 32 <= K) {
+  if (vec_ok && k0 + 32 <= K) {
     const uint4* p = reinterpret_cast<const uint4*>(x + k0);
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
@@ -97,11 +94,35 @@ __device__ __forceinline__ void load_x32(const T* __restrict__ x, int k0, int K,
 #pragma unroll
     for (int j = 0; j < 16; ++j) {
       const int k = k0 + 2 * j;
-      const uint32_t a = (x != nullptr && k < K) ? xs[k] : 0u;
-      const uint32_t b = (x != nullptr && k + 1 < K) ? xs[k + 1] : 0u;
+      const uint32_t a = k < K ? xs[k] : 0u;
+      const uint32_t b = k + 1 < K ? xs[k + 1] : 0u;
       out[j] = a | (b << 16);
     }
   }
+}
+
+// One 128-weight block's weights for one thread: 8 code bytes of each of its 2R W rows and
+// their fp16 scales (raw bits, converted where used).
+template <int R>
+struct WeightStage {
+  uint2 codes[R][2];
+  unsigned short sbits[R][2];
+};
+
+template <int R>
+__device__ __forceinline__ void load_weights(WeightStage<R>& st, const uint8_t* const (&prow)[R][2],
+                                             const unsigned short* const (&srow)[R][2], int b, int t, int ldp,
+                                             int block_size, int k_offset) {
+  const int byte0 = b * (kKBlock / 4) + 8 * t;           // this thread's 8 code bytes of each row
+  const bool codes_ok = byte0 < ldp;                     // ldp % 8 == 0: then byte0 + 8 <= ldp
+  const int sb = (b * kKBlock + k_offset) / block_size;  // the block's scale column
+#pragma unroll
+  for (int r = 0; r < R; ++r)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      st.codes[r][h] = codes_ok ? __ldg(reinterpret_cast<const uint2*>(prow[r][h] + byte0)) : make_uint2(0u, 0u);
+      st.sbits[r][h] = __ldg(srow[r][h] + sb);
+    }
 }
 
 template <typename T, int R, int NT>
@@ -127,39 +148,38 @@ ternary_mma_kernel(const T* __restrict__ x,            // [M, K]
 #pragma unroll
       for (int i = 0; i < 4; ++i) acc[r][j][i] = 0.f;
 
-  // this thread's two W rows per tile: n0 + 16r + g and + 8
+  // This thread's two W rows per tile (n0 + 16r + g and + 8) and its token rows. Rows past N
+  // or M read row N-1 / M-1 instead: their products land only in accumulators that are never
+  // stored, and no load needs a branch. (A guarded load inside a branch made ptxas convert the
+  // scale inside the branch, so each of the 2R scale loads waited a full memory round trip
+  // before the next load was issued; see docs/kernel_notes.md.)
   const uint8_t* prow[R][2];
-  const __half* srow[R][2];
+  const unsigned short* srow[R][2];
 #pragma unroll
   for (int r = 0; r < R; ++r)
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      const int n = n0 + 16 * r + g + 8 * h;
-      prow[r][h] = n < N ? packed + (size_t)n * ldp : nullptr;
-      srow[r][h] = n < N ? scale + (size_t)n * lds : nullptr;
+      const int n = min(n0 + 16 * r + g + 8 * h, N - 1);
+      prow[r][h] = packed + (size_t)n * ldp;
+      srow[r][h] = reinterpret_cast<const unsigned short*>(scale) + (size_t)n * lds;
     }
   const T* xrow[NT];
 #pragma unroll
-  for (int j = 0; j < NT; ++j) {
-    const int m = m0 + 8 * j + g;
-    xrow[j] = m < M ? x + (size_t)m * K : nullptr;
-  }
+  for (int j = 0; j < NT; ++j) xrow[j] = x + (size_t)min(m0 + 8 * j + g, M - 1) * K;
 
+  // Every load of a block is issued before any of them is used, and a warp with more than one
+  // block (K > 1024) issues the next block's weight loads (from DRAM) before it decodes the
+  // current one. The activations (the same for every CTA, so from L2) are loaded per block:
+  // prefetching them too cost 35-65 more registers at NT = 2 and 4.
+  WeightStage<R> cur, nxt;
+  if (warp < nblocks) load_weights<R>(cur, prow, srow, warp, t, ldp, block_size, k_offset);
   for (int b = warp; b < nblocks; b += kMmaWarps) {
-    const int byte0 = b * (kKBlock / 4) + 8 * t;  // this thread's 8 code bytes of each row
-    uint2 codes[R][2];
-    float s[R][2];
-#pragma unroll
-    for (int r = 0; r < R; ++r)
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const bool ok = prow[r][h] != nullptr && byte0 + 8 <= ldp;
-        codes[r][h] = ok ? __ldg(reinterpret_cast<const uint2*>(prow[r][h] + byte0)) : make_uint2(0u, 0u);
-        s[r][h] = srow[r][h] != nullptr ? __half2float(srow[r][h][(b * kKBlock + k_offset) / block_size]) : 0.f;
-      }
+    if (b + kMmaWarps < nblocks) load_weights<R>(nxt, prow, srow, b + kMmaWarps, t, ldp, block_size, k_offset);
     uint32_t xf[NT][16];
 #pragma unroll
     for (int j = 0; j < NT; ++j) load_x32<T>(xrow[j], b * kKBlock + 32 * t, K, vec_ok, xf[j]);
+    const auto& codes = cur.codes;
+    const auto& sbits = cur.sbits;
 
     float blk[R][NT][4];
 #pragma unroll
@@ -185,11 +205,14 @@ ternary_mma_kernel(const T* __restrict__ x,            // [M, K]
     for (int r = 0; r < R; ++r)
 #pragma unroll
       for (int j = 0; j < NT; ++j) {
-        acc[r][j][0] += s[r][0] * blk[r][j][0];
-        acc[r][j][1] += s[r][0] * blk[r][j][1];
-        acc[r][j][2] += s[r][1] * blk[r][j][2];
-        acc[r][j][3] += s[r][1] * blk[r][j][3];
+        const float s0 = scale_from_bits(sbits[r][0]);
+        const float s1 = scale_from_bits(sbits[r][1]);
+        acc[r][j][0] += s0 * blk[r][j][0];
+        acc[r][j][1] += s0 * blk[r][j][1];
+        acc[r][j][2] += s1 * blk[r][j][2];
+        acc[r][j][3] += s1 * blk[r][j][3];
       }
+    cur = nxt;
   }
 
   // split-K inside the CTA: warps add their partial tiles in a fixed order
@@ -211,8 +234,8 @@ ternary_mma_kernel(const T* __restrict__ x,            // [M, K]
     const int n = n0 + 16 * r + l / 4 + 8 * (i / 2);
     const int m = m0 + 8 * j + 2 * (l % 4) + (i % 2);
     if (n < N && m < M) {
-      if (bias != nullptr) v += MmaTraits<T>::to_float(bias[n]);
-      y[(size_t)m * N + n] = MmaTraits<T>::from_float(v);
+      if (bias != nullptr) v += Vec<T>::to_float(bias[n]);
+      y[(size_t)m * N + n] = Vec<T>::from_float(v);
     }
   }
 }

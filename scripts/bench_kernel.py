@@ -105,8 +105,8 @@ def bench_shape(name, k, n, m, l2_bytes, replays, bs=128):
     def cublas(i):
         return lambda: torch.mm(xs[i % len(xs)], ws[i].t())
 
-    def path(i, p):
-        return lambda: torch.ops.ternary_serve.gemm_path(xs[i % len(xs)], packs[i], scales[i], None, bs, 0, p, 0)
+    def path(i, p, rows=0):
+        return lambda: torch.ops.ternary_serve.gemm_path(xs[i % len(xs)], packs[i], scales[i], None, bs, 0, p, rows)
 
     def deq(i):
         return lambda: torch.mm(xs[i % len(xs)], torch.ops.ternary_serve.dequantize(packs[i], scales[i], k, bs, 0, torch.bfloat16).t())
@@ -117,12 +117,17 @@ def bench_shape(name, k, n, m, l2_bytes, replays, bs=128):
     # each fused kernel forced, where its regime could matter (auto = ternary_us picks one)
     t_mma = time_graph([path(i, 2) for i in range(copies_t)], replays) if m <= 1024 else None
     t_gemv = time_graph([path(i, 1) for i in range(copies_t)], replays) if m <= 16 else None
+    # the tensor-core kernel at each W-rows-per-CTA tile, where auto dispatch may choose it: the
+    # data for its rows_per_cta heuristic (launch_mma)
+    mma_rows = {str(r): round(time_graph([path(i, 2, r) for i in range(copies_t)], replays), 3)
+                for r in (16, 32, 64)} if m <= 32 else None
     flops = 2 * m * n * k
     io = x_bytes + m * n * 2
     row = {
         "shape": name, "M": m, "K": k, "N": n,
         "ternary_us": round(t_tern, 3), "cublas_bf16_us": round(t_cub, 3), "dequant_us": round(t_deq, 3),
         "mma_us": None if t_mma is None else round(t_mma, 3), "gemv_us": None if t_gemv is None else round(t_gemv, 3),
+        "mma_us_by_rows_per_cta": mma_rows,
         "speedup_vs_cublas": round(t_cub / t_tern, 3),
         "ternary_GBps": round((tern_bytes + io) / (t_tern * 1e-6) / 1e9, 1),
         "cublas_GBps": round((n * k * 2 + io) / (t_cub * 1e-6) / 1e9, 1),
@@ -156,6 +161,13 @@ def markdown(result: dict) -> str:
             f"{r['dequant_us']} | {r.get('mma_us') or '-'} | {r.get('gemv_us') or '-'} | {r['speedup_vs_cublas']}x | {r['ternary_GBps']} | {r['ternary_TFLOPs']} | "
             f"{r['cublas_TFLOPs']} | {r['floor_us']} |"
         )
+    by_rows = [r for r in result["rows"] if r.get("mma_us_by_rows_per_cta")]
+    if by_rows:
+        lines += ["", "Tensor-core kernel by W rows per CTA (us; auto = the tensor-core us column):", "",
+                  "| shape | M | 16 | 32 | 64 |", "|---|---|---|---|---|"]
+        for r in by_rows:
+            t = r["mma_us_by_rows_per_cta"]
+            lines.append(f"| {r['shape']} | {r['M']} | {t['16']} | {t['32']} | {t['64']} |")
     small = [r for r in result["rows"] if r["M"] <= 16 and "/" not in r["shape"]]
     if small:
         gm = math.exp(sum(math.log(r["speedup_vs_cublas"]) for r in small) / len(small))

@@ -92,6 +92,7 @@ PATH_SHAPES = [
     (100, 48, 640, 0, 128, "M > 64"),
     (12, 40, 700, 128, 256, "block_size 256, shard starting half way into a block"),
     (3, 96, 502, 118, 128, "k_offset inside a block: not for the tensor-core kernel"),
+    (3, 1, 2176, 0, 128, "N = 1: the other rows of a tile read row 0 and are never stored; 17 blocks"),
 ]
 
 
