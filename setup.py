@@ -29,6 +29,7 @@ if want != "0":
             CUDAExtension(
                 "ternary_plugin._C",
                 ["csrc/ternary_ops.cpp", "csrc/ternary_gemm.cu", "csrc/ternary_mma.cu"],
+                depends=["csrc/ternary_common.cuh"],
                 extra_compile_args={
                     "cxx": ["-O3", "-std=c++17"],
                     "nvcc": ["-O3", "-std=c++17", "--use_fast_math", "-lineinfo", *gencode],
