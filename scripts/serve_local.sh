@@ -22,11 +22,19 @@ if curl -s -m 2 -o /dev/null "http://127.0.0.1:${HTTP_PORT:-8000}/-/healthz"; th
   exit 1
 fi
 export RAY_ADDRESS="127.0.0.1:$RAY_PORT"
+DASHBOARD_PORT=${DASHBOARD_PORT:-8265}
+port_busy() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+# A cluster stopped just before (the tests start one after another) may still hold its ports
+# for a few seconds; a new head on a held port starts without its dashboard or fails.
+for port in "$RAY_PORT" "$DASHBOARD_PORT"; do
+  for _ in $(seq 60); do port_busy "$port" || break; sleep 1; done
+  if port_busy "$port"; then echo "port $port is still in use after 60 s: another Ray is running; stop it first" >&2; exit 1; fi
+done
 # This cluster only, never another one on the machine: on exit, stop `serve run`, the
 # `ray start --block` parent, and every Ray daemon whose command line names this cluster's
 # private temp dir (gcs_server and raylet do; their workers exit with the raylet).
 "${RAY_CLI[@]}" start --head --block --node-ip-address 127.0.0.1 --port "$RAY_PORT" --num-cpus "$RAY_CPUS" \
-  --dashboard-host 127.0.0.1 --dashboard-port "${DASHBOARD_PORT:-8265}" --temp-dir "$RAY_TMP" \
+  --dashboard-host 127.0.0.1 --dashboard-port "$DASHBOARD_PORT" --temp-dir "$RAY_TMP" \
   --metrics-export-port "${METRICS_PORT:-8081}" \
   --disable-usage-stats >"$RAY_TMP.log" 2>&1 &
 RAY_PID=$!
@@ -42,6 +50,7 @@ stop_cluster() {
     curl -s -m 1 -o /dev/null "http://127.0.0.1:${HTTP_PORT:-8000}/-/healthz" || break
     sleep 1
   done
+  for _ in $(seq 30); do port_busy "$DASHBOARD_PORT" || port_busy "$RAY_PORT" || break; sleep 1; done
   return 0
 }
 trap stop_cluster EXIT
@@ -61,7 +70,7 @@ if [ "${SERVE_MODE:-run}" = deploy ]; then
   # (and so the cluster) alive until it is stopped. The dashboard's HTTP server starts after
   # the GCS answers `ray status` (seen in CI: seconds later on a loaded machine), so wait for
   # the endpoint `serve deploy` checks first.
-  DASHBOARD_URL="http://127.0.0.1:${DASHBOARD_PORT:-8265}"
+  DASHBOARD_URL="http://127.0.0.1:$DASHBOARD_PORT"
   wait_for "the Ray dashboard at $DASHBOARD_URL" 120 curl -sf -m 2 "$DASHBOARD_URL/api/ray/version"
   "${SERVE_CLI[@]}" deploy --address "$DASHBOARD_URL" "$CONFIG"
   sleep infinity &
