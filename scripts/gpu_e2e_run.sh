@@ -11,7 +11,9 @@
 #                                                   # configs/tp2.yaml on two GPUs, reconcile; MiniLM offline
 #
 # Everything a stage measures lands in $OUT (at most 8 files come back: JSON results, a log
-# tarball); scripts/bench_e2e.py report merges them here afterwards.
+# tarball); scripts/bench_e2e.py report merges them here afterwards. The parts of earlier GPU
+# sessions are kept in .e2e/parts/ (ignored, on the dev machine): copy a session's returned
+# files there and run `python scripts/bench_e2e.py report .e2e/parts`.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT" /root/e2e-logs
