@@ -3,6 +3,7 @@
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <stdint.h>
 
 namespace ternary {
 
@@ -15,6 +16,30 @@ template <> struct Vec<__half> {
   static __device__ __forceinline__ float to_float(__half v) { return __half2float(v); }
   static __device__ __forceinline__ __half from_float(float v) { return __float2half_rn(v); }
 };
+
+// x's rows can take 16-byte loads: K a multiple of 8 and x itself 16-byte aligned (a tensor
+// view can start anywhere).
+template <typename T>
+__device__ __forceinline__ bool rows_vec_ok(const T* x, int K) {
+  return K % 8 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0;
+}
+
+// 8 activations (16 bytes) at x + k as 4 packed pairs, raw: converted where used, so that
+// every load of a block is in flight before the first one is waited for. Positions >= k_end
+// read as 0.
+template <typename T>
+__device__ __forceinline__ uint4 load8(const T* __restrict__ x, int k, int k_end, bool vec_ok) {
+  if (vec_ok && k + 8 <= k_end) return __ldg(reinterpret_cast<const uint4*>(x + k));
+  const unsigned short* xs = reinterpret_cast<const unsigned short*>(x);
+  uint32_t w[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const uint32_t lo = k + 2 * i < k_end ? xs[k + 2 * i] : 0u;
+    const uint32_t hi = k + 2 * i + 1 < k_end ? xs[k + 2 * i + 1] : 0u;
+    w[i] = lo | (hi << 16);
+  }
+  return make_uint4(w[0], w[1], w[2], w[3]);
+}
 
 // An fp16 scale loaded as raw bits (so the load is not waited for until the value is used).
 __device__ __forceinline__ float scale_from_bits(unsigned short bits) { return __half2float(__ushort_as_half(bits)); }

@@ -45,22 +45,6 @@ constexpr int kWarp = 32;
 constexpr int kRowsPerBlock = 8;   // one warp per output row: 256 threads a block
 constexpr int kChunk = 32;         // weights per lane per step (8 bytes of codes)
 
-// 8 activations (16 bytes) at x + k, raw (converted where used, so that every load of a
-// chunk is in flight before the first one is waited for); positions >= k_end read as 0.
-template <typename T>
-__device__ __forceinline__ uint4 load8(const T* __restrict__ x, int k, int k_end, bool vec_ok) {
-  if (vec_ok && k + 8 <= k_end) return __ldg(reinterpret_cast<const uint4*>(x + k));
-  const unsigned short* xs = reinterpret_cast<const unsigned short*>(x);
-  uint32_t w[4];
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const uint32_t lo = k + 2 * i < k_end ? xs[k + 2 * i] : 0u;
-    const uint32_t hi = k + 2 * i + 1 < k_end ? xs[k + 2 * i + 1] : 0u;
-    w[i] = lo | (hi << 16);
-  }
-  return make_uint4(w[0], w[1], w[2], w[3]);
-}
-
 // Code -> value without a branch: 00 -> 0, 01 -> +1, 10 -> -1, 11 (reserved) -> 0.
 __device__ __forceinline__ float code_value(uint32_t word, int i) {
   uint32_t c = (word >> (2 * i)) & 3u;
@@ -81,7 +65,7 @@ ternary_gemv_kernel(const T* __restrict__ x,          // [M, K]
   const int m0 = blockIdx.y * MT;
   if (n >= N) return;
   const int mt = min(MT, M - m0);
-  const bool vec_ok = (K % 8 == 0);  // rows of x 16-byte aligned (x itself is, from torch)
+  const bool vec_ok = rows_vec_ok(x, K);
 
   const uint8_t* prow = packed + (size_t)n * ldp;
   const unsigned short* srow = reinterpret_cast<const unsigned short*>(scale) + (size_t)n * lds;

@@ -84,24 +84,21 @@ __device__ __forceinline__ void decode_byte(uint32_t word, int k, uint32_t& lo, 
 }
 
 // 32 activations x[k0 .. k0+32) of one token as 16 packed pairs; positions >= K read as 0.
+// One test for the whole 32 (tests per 8, through load8 alone, cost up to 22 registers); the
+// tail goes through load8's zero-filling path.
 template <typename T>
 __device__ __forceinline__ void load_x32(const T* __restrict__ x, int k0, int K, bool vec_ok, uint32_t out[16]) {
+  uint4 v[4];
   if (vec_ok && k0 + 32 <= K) {
-    const uint4* p = reinterpret_cast<const uint4*>(x + k0);
 #pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const uint4 v = __ldg(p + j);
-      out[4 * j] = v.x; out[4 * j + 1] = v.y; out[4 * j + 2] = v.z; out[4 * j + 3] = v.w;
-    }
+    for (int j = 0; j < 4; ++j) v[j] = __ldg(reinterpret_cast<const uint4*>(x + k0) + j);
   } else {
-    const unsigned short* xs = reinterpret_cast<const unsigned short*>(x);
 #pragma unroll
-    for (int j = 0; j < 16; ++j) {
-      const int k = k0 + 2 * j;
-      const uint32_t a = k < K ? xs[k] : 0u;
-      const uint32_t b = k + 1 < K ? xs[k + 1] : 0u;
-      out[j] = a | (b << 16);
-    }
+    for (int j = 0; j < 4; ++j) v[j] = load8(x, k0 + 8 * j, K, false);
+  }
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    out[4 * j] = v[j].x; out[4 * j + 1] = v[j].y; out[4 * j + 2] = v[j].z; out[4 * j + 3] = v[j].w;
   }
 }
 
@@ -129,6 +126,16 @@ __device__ __forceinline__ void load_weights(WeightStage<R>& st, const uint8_t* 
     }
 }
 
+template <int R, int NT>
+__device__ __forceinline__ void zero_tiles(float (&c)[R][NT][4]) {
+#pragma unroll
+  for (int r = 0; r < R; ++r)
+#pragma unroll
+    for (int j = 0; j < NT; ++j)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) c[r][j][i] = 0.f;
+}
+
 template <typename T, int R, int NT>
 __global__ void __launch_bounds__(kMmaWarps * 32)
 ternary_mma_kernel(const T* __restrict__ x,            // [M, K]
@@ -142,15 +149,10 @@ ternary_mma_kernel(const T* __restrict__ x,            // [M, K]
   const int n0 = blockIdx.x * 16 * R;
   const int m0 = blockIdx.y * 8 * NT;
   const int nblocks = (K + kKBlock - 1) / kKBlock;
-  const bool vec_ok = (K % 8) == 0 && (reinterpret_cast<uintptr_t>(x) % 16) == 0;  // 16-byte rows
+  const bool vec_ok = rows_vec_ok(x, K);
 
   float acc[R][NT][4];
-#pragma unroll
-  for (int r = 0; r < R; ++r)
-#pragma unroll
-    for (int j = 0; j < NT; ++j)
-#pragma unroll
-      for (int i = 0; i < 4; ++i) acc[r][j][i] = 0.f;
+  zero_tiles(acc);
 
   // This thread's two W rows per tile (n0 + 16r + g and + 8) and its token rows. Rows past N
   // or M read row N-1 / M-1 instead: their products land only in accumulators that are never
@@ -186,12 +188,7 @@ ternary_mma_kernel(const T* __restrict__ x,            // [M, K]
     const auto& sbits = cur.sbits;
 
     float blk[R][NT][4];
-#pragma unroll
-    for (int r = 0; r < R; ++r)
-#pragma unroll
-      for (int j = 0; j < NT; ++j)
-#pragma unroll
-        for (int i = 0; i < 4; ++i) blk[r][j][i] = 0.f;
+    zero_tiles(blk);
 #pragma unroll
     for (int st = 0; st < 8; ++st) {  // step st: byte st of each row's 8, activations 4st .. 4st+3
 #pragma unroll

@@ -115,13 +115,14 @@ def test_each_kernel_matches_reference(m, n, k, k_offset, bs, reason, path, dtyp
         assert rel < TOL[dtype], f"{reason}, rows/CTA {rows}, seed {seed}: relative error {rel:.2e}"
 
 
-def test_mma_kernel_reads_unaligned_activations():
+@pytest.mark.parametrize("path", [GEMV, MMA], ids=["gemv", "mma"])
+def test_fused_kernels_read_unaligned_activations(path):
     """x as a view 2 bytes into its storage: the 16-byte activation loads must not be used."""
     _, packed, scale, _, values, scale_cpu = _case(8, 64, 1024, 0, 128, torch.bfloat16, seed=11)
     buf = torch.randn(8 * 1024 + 1, device="cuda").to(torch.bfloat16)
     x = buf[1:].view(8, 1024)
     assert x.data_ptr() % 16 != 0 and x.is_contiguous()
-    y = torch.ops.ternary_serve.gemm_path(x, packed, scale, None, 128, 0, MMA, 0)
+    y = torch.ops.ternary_serve.gemm_path(x, packed, scale, None, 128, 0, path, 0)
     ref = _reference(x, values, scale_cpu, 1024, 128, 0)
     assert float((y.cpu().double() - ref).norm() / ref.norm()) < TOL[torch.bfloat16]
 
