@@ -91,6 +91,12 @@ def deploy_failure(log: Path) -> str | None:
     return "\n".join(dict.fromkeys(errors[-6:])) or "see the log"
 
 
+def stop(proc: subprocess.Popen) -> None:
+    """SIGTERM serve_local.sh's process group (its trap stops the cluster) and wait for it."""
+    os.killpg(proc.pid, signal.SIGTERM)
+    proc.wait(timeout=180)
+
+
 def serve_model(config: Path, model_dir: Path, model_id: str, log: Path, replicas: int | None = None) -> subprocess.Popen:
     cfg = yaml.safe_load(config.read_text())
     args = cfg["applications"][0]["args"]
@@ -109,8 +115,7 @@ def serve_model(config: Path, model_dir: Path, model_id: str, log: Path, replica
             raise SystemExit(f"serve exited; see {log}")
         failure = deploy_failure(log)
         if failure:  # Serve retries a failing build forever: stop at the first one
-            os.killpg(proc.pid, signal.SIGTERM)
-            proc.wait(timeout=180)
+            stop(proc)
             raise SystemExit(f"the application failed to deploy ({log}):\n{failure}")
         try:
             if httpx.get(f"{BASE}/health", timeout=5).status_code == 200:
@@ -118,7 +123,7 @@ def serve_model(config: Path, model_dir: Path, model_id: str, log: Path, replica
         except httpx.HTTPError:
             pass
         time.sleep(3)
-    os.killpg(proc.pid, signal.SIGTERM)
+    stop(proc)
     raise SystemExit(f"serve not healthy in 600 s; see {log}")
 
 
@@ -178,8 +183,7 @@ def main(argv=None) -> int:
             if args.reconcile and _is_ternary(Path(model)):
                 entry["reconcile"] = reconcile(Path(tempfile.gettempdir()) / f"{args.name}-{label}-reconcile.json")
         finally:
-            os.killpg(proc.pid, signal.SIGTERM)
-            proc.wait(timeout=180)
+            stop(proc)
         levels = entry["levels"]
         result["models"][label] = entry
         for lv in levels:
