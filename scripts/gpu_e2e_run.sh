@@ -5,6 +5,8 @@
 # vLLM 0.25.1) and bash scripts/gpu_wheels.sh (.whl, .whl2: carry them with the p2 call).
 #
 #   bash scripts/gpu_e2e_run.sh setup kernel        # build + install, GPU tests, memcheck, kernel bench
+#                                                   # (also alone in one call, without the vLLM payload:
+#                                                   #  carry .whl only)
 #   bash scripts/gpu_e2e_run.sh prepare offline     # 0.6B model made + converted + validated; offline vLLM
 #   bash scripts/gpu_e2e_run.sh serve1              # Ray Serve configs/tp1.yaml: ternary and bf16, reconcile
 #   SKIP_QWEN=1 MINILM_SRC=.e2e/minilm-bf16 bash scripts/gpu_e2e_run.sh serve2 prepare minilm
@@ -17,7 +19,8 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT" /root/e2e-logs
-export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 VLLM_PLUGINS=ternary
+# /root/site: the payload (activate.sh puts it on the path too) and the wheels setup installs
+export PYTHONPATH="$PWD:/root/site${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 VLLM_PLUGINS=ternary
 LOGS=/root/e2e-logs
 # The tensor-core kernel is switched off for the e2e stages if its tests failed (kernel stage).
 [ -e /root/mma_broken ] && export TERNARY_MMA_MAX_M=0 && echo "NOTE: tensor-core kernel off (its GPU tests failed)"
@@ -39,8 +42,10 @@ EOF
 }
 
 stage_setup() {
-  # pytest (.whl) and what vLLM 0.25.1 imports beyond the payload (.whl2; scripts/gpu_wheels.sh)
-  python3 -m pip install -q --no-index --no-deps --no-compile --target /root/site .whl/*.whl .whl2/*.whl || return 1
+  # pytest (.whl) and, where carried, what vLLM 0.25.1 imports beyond the payload (.whl2;
+  # scripts/gpu_wheels.sh)
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /root/site .whl/*.whl \
+    $(ls .whl2/*.whl 2>/dev/null) || return 1
   local t=$(date +%s)
   TERNARY_CUDA_ARCHS=${TERNARY_CUDA_ARCHS:-90a} TERNARY_BUILD_CUDA=1 python3 -m pip install -q --no-deps \
     --no-build-isolation -e . > "$LOGS/build.log" 2>&1 || { tail -40 "$LOGS/build.log"; return 1; }
