@@ -123,6 +123,8 @@ def _timed(fn, reps: int) -> list[float]:
 def offline(model: Path, label: str, out: Path, reference: bool) -> int:
     import random
 
+    from scripts.bench_serve import percentile
+
     import torch
     from vllm import LLM
 
@@ -150,9 +152,9 @@ def offline(model: Path, label: str, out: Path, reference: bool) -> int:
     one = prompts(1, LATENCY_TOKENS)
     for _ in range(10):
         llm.embed(one, use_tqdm=False)
-    lat = sorted(_timed(lambda: llm.embed(one, use_tqdm=False), 100))
-    result["latency_16tok_ms"] = {"p50": round(1000 * lat[len(lat) // 2], 3), "p90": round(1000 * lat[int(len(lat) * 0.9)], 3),
-                                  "min": round(1000 * lat[0], 3)}
+    lat = _timed(lambda: llm.embed(one, use_tqdm=False), 100)
+    result["latency_16tok_ms"] = {"p50": round(1000 * percentile(lat, 50), 3), "p90": round(1000 * percentile(lat, 90), 3),
+                                  "min": round(1000 * min(lat), 3)}
     rows = []
     for length in [n for n in SEQ_LENS if n <= max_len]:
         for batch in BATCHES:
@@ -173,6 +175,10 @@ def offline(model: Path, label: str, out: Path, reference: bool) -> int:
     out.write_text(json.dumps(result, indent=1) + "\n")
     print(json.dumps({k: v for k, v in result.items() if k != "throughput"}, indent=1), flush=True)
     return 0
+
+
+def ratio(x, y):
+    return round(x / y, 3) if x and y else None
 
 
 def _serve_levels(part: dict, label: str) -> dict:
@@ -209,10 +215,6 @@ def report(parts: Path, out: Path, name: str) -> int:
             "offline_latency_16tok_p50_ms": off.get("latency_16tok_ms", {}).get("p50"),
         }
     t, b = result["ternary"], result["bf16"]
-
-    def ratio(x, y):
-        return round(x / y, 3) if x and y else None
-
     result["targets"] = {
         "linear_bytes_ratio (<= 1/7 = 0.1429)": ratio(t["linear_weight_bytes"], b["linear_weight_bytes"]),
         "serve_c1_latency_speedup (>= 1.3)": ratio(b["latency_c1_p50_ms"], t["latency_c1_p50_ms"]),
@@ -237,7 +239,7 @@ def markdown(r: dict) -> str:
     for key in ("latency_c1_p50_ms", "throughput_c64_per_s", "offline_latency_16tok_p50_ms", "linear_weight_bytes",
                 "model_weight_bytes"):
         t, b = r["ternary"].get(key), r["bf16"].get(key)
-        lines.append(f"| {key} | {t} | {b} | {round(t / b, 3) if t and b else '-'} |")
+        lines.append(f"| {key} | {t} | {b} | {ratio(t, b) or '-'} |")
     lines += ["", "Targets: " + "; ".join(f"{k}: {v}" for k, v in r["targets"].items()) + ".", ""]
     lines += ["## Offline vLLM, one GPU (tokens/s)", "", "| model | seq len | batch | ternary tok/s | bf16 tok/s | ratio |",
               "|---|---|---|---|---|---|"]
