@@ -57,6 +57,11 @@ def _reference(x, values, scale_cpu, k, bs, k_offset, bias=None):
     return x.cpu().double() @ w.t() + (bias.cpu().double() if bias is not None else 0)
 
 
+def _rel_err(y, ref):
+    """Relative Frobenius error of the kernel's output against the float64 reference."""
+    return float((y.cpu().double() - ref).norm() / ref.norm())
+
+
 def _poison_allocator(nbytes):
     """Fill freed cache blocks with NaN so an unwritten output element shows up."""
     t = torch.full((nbytes // 2 + 1024,), float("nan"), dtype=torch.float16, device="cuda")
@@ -74,7 +79,7 @@ def test_gemm_matches_float64_reference(m, n, k, k_offset, bs, reason, dtype, wi
     assert y.shape == (m, n) and y.dtype == dtype
     assert bool(torch.isfinite(y).all()), "unwritten (NaN-poisoned) or non-finite output"
     ref = _reference(x, values, scale_cpu, k, bs, k_offset, bias if with_bias else None)
-    rel = float((y.cpu().double() - ref).norm() / ref.norm())
+    rel = _rel_err(y, ref)
     assert rel < TOL[dtype], f"{reason}: relative error {rel:.2e}"
 
 
@@ -104,14 +109,14 @@ def test_each_kernel_matches_reference(m, n, k, k_offset, bs, reason, path, dtyp
         pytest.skip("the tensor-core kernel takes only blocks that start on 128-weight boundaries (tested below)")
     seed = int(torch.randint(0, 2**31 - 1, ()).item())  # fresh inputs each run; printed on failure
     x, packed, scale, bias, values, scale_cpu = _case(m, n, k, k_offset, bs, dtype, seed=seed)
+    ref = _reference(x, values, scale_cpu, k, bs, k_offset, bias)
     for rows in ([0, 16, 32, 64] if path == MMA else [0]):
         _poison_allocator(m * n * 2)
         y = torch.ops.ternary_serve.gemm_path(x, packed, scale, bias, bs, k_offset, path, rows)
         torch.cuda.synchronize()
         assert y.shape == (m, n) and y.dtype == dtype
         assert bool(torch.isfinite(y).all()), f"{reason}, rows/CTA {rows}: unwritten (NaN-poisoned) output"
-        ref = _reference(x, values, scale_cpu, k, bs, k_offset, bias)
-        rel = float((y.cpu().double() - ref).norm() / ref.norm())
+        rel = _rel_err(y, ref)
         assert rel < TOL[dtype], f"{reason}, rows/CTA {rows}, seed {seed}: relative error {rel:.2e}"
 
 
@@ -124,7 +129,7 @@ def test_fused_kernels_read_unaligned_activations(path):
     assert x.data_ptr() % 16 != 0 and x.is_contiguous()
     y = torch.ops.ternary_serve.gemm_path(x, packed, scale, None, 128, 0, path, 0)
     ref = _reference(x, values, scale_cpu, 1024, 128, 0)
-    assert float((y.cpu().double() - ref).norm() / ref.norm()) < TOL[torch.bfloat16]
+    assert _rel_err(y, ref) < TOL[torch.bfloat16]
 
 
 def test_mma_kernel_refuses_a_block_phase_and_auto_falls_back():
@@ -133,7 +138,7 @@ def test_mma_kernel_refuses_a_block_phase_and_auto_falls_back():
         torch.ops.ternary_serve.gemm_path(x, packed, scale, None, 128, 118, MMA, 0)
     y = torch.ops.ternary_serve.gemm(x, packed, scale, bias, 128, 118)  # auto: dequantize + cuBLAS
     ref = _reference(x, values, scale_cpu, 502, 128, 118, bias)
-    assert float((y.cpu().double() - ref).norm() / ref.norm()) < TOL[torch.bfloat16]
+    assert _rel_err(y, ref) < TOL[torch.bfloat16]
 
 
 def test_codes_11_decode_to_zero_in_every_kernel():
@@ -147,7 +152,7 @@ def test_codes_11_decode_to_zero_in_every_kernel():
     ref = _reference(x, values, scale, k, 128, 0)
     for path in (GEMV, MMA, DEQUANT):
         y = torch.ops.ternary_serve.gemm_path(x.cuda(), packed.cuda(), scale.cuda(), None, 128, 0, path, 0)
-        assert float((y.cpu().double() - ref).norm() / ref.norm()) < TOL[torch.bfloat16], f"path {path}"
+        assert _rel_err(y, ref) < TOL[torch.bfloat16], f"path {path}"
 
 
 def test_reference_path_agrees_on_gpu():
