@@ -15,7 +15,7 @@ cudaError_t launch_dequant(bool bf16, const uint8_t* packed, const __half* scale
                            int lds, int block_size, int k_offset, cudaStream_t stream);
 cudaError_t launch_mma(bool bf16, const void* x, const uint8_t* packed, const __half* scale, const void* bias, void* y,
                        int M, int N, int K, int ldp, int lds, int block_size, int k_offset, int rows_per_cta,
-                       int sm_count, cudaStream_t stream);
+                       cudaStream_t stream);
 }  // namespace ternary
 
 namespace {
@@ -127,10 +127,8 @@ torch::Tensor gemm_path(const torch::Tensor& x,       // [M, K] bf16/fp16
   const auto* scale_ptr = reinterpret_cast<const __half*>(scale.data_ptr<at::Half>());
 
   if (path == kMma) {
-    const int sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
     check_cuda_error(ternary::launch_mma(bf16, x.data_ptr(), packed.data_ptr<uint8_t>(), scale_ptr, bias_ptr,
-                                         y.data_ptr(), M, N, K, ldp, lds, block_size, k_offset, rows_per_cta, sms,
-                                         stream),
+                                         y.data_ptr(), M, N, K, ldp, lds, block_size, k_offset, rows_per_cta, stream),
                      "ternary_mma_kernel launch", M, N, K);
     return y;
   }
