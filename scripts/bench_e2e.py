@@ -36,17 +36,24 @@ SEQ_LENS = (64, 512)
 BATCHES = (1, 8, 64, 256)
 # The device calls that produced e2e-h200.json (shared/device recipe: p1, then p2 with the first).
 DEVICE_COMMANDS = [
-    "bash ../shared/device/pack.sh  # here: vLLM 0.25.1 + Ray 2.60 payload in .carry/p1, .carry/p2",
+    "# earlier session (offline figures; its Serve attempt used a Ray 2.60 payload, which cannot serve vLLM 0.25.1):",
     "python scripts/bench_e2e.py minilm-bf16 .e2e/minilm-bf16  # here: MiniLM as bf16, to carry",
-    "run(kind=nvidia-h200-x2, carry=[.carry/p1]): bash .carry/p1/stash.sh",
     "run(carry=[.carry/p2, .whl, .whl2]): bash .carry/p2/stash.sh -- bash scripts/gpu_e2e_run.sh setup kernel",
     "run: source /root/site/activate.sh && bash scripts/gpu_e2e_run.sh prepare offline",
-    "run: source /root/site/activate.sh && bash scripts/gpu_e2e_run.sh serve1  # failed, see serve_not_run",
-    "run(kind=nvidia-h200, carry=[.carry/p1]): bash .carry/p1/stash.sh",
-    "run(carry=[.carry/p2, .whl, .whl2]): bash .carry/p2/stash.sh -- bash scripts/gpu_e2e_run.sh setup kernel profile",
     "run(carry=[.e2e]): source /root/site/activate.sh && SKIP_QWEN=1 MINILM_SRC=.e2e/minilm-bf16 "
     "bash scripts/gpu_e2e_run.sh prepare minilm",
-    "run(carry=[.e2e]): source /root/site/activate.sh && MINILM_SRC=.e2e/minilm-bf16 bash scripts/gpu_e2e_run.sh minilm profile",
+    "# this session (kernel v4, the model again, Ray Serve):",
+    "bash scripts/gpu_pack.sh && bash scripts/gpu_wheels.sh  # here: Ray 2.57.1 + vLLM 0.25.1 payload, .whl, .whl2",
+    "run(kind=nvidia-h200-x2, carry=[.carry/p1]): bash .carry/p1/stash.sh",
+    "run(carry=[.carry/p2, .whl, .whl2]): bash .carry/p2/stash.sh -- bash scripts/gpu_e2e_run.sh setup kernel",
+    "run: source /root/site/activate.sh && bash scripts/gpu_e2e_run.sh prepare serve1  # serve1 (both models + "
+    "reconcile) outran the 10-minute call: ternary measured, reconcile timed out, bf16 cut off; not kept",
+    "run: source /root/site/activate.sh && RAY_TMP=/tmp/ray-e2e python3 scripts/bench_serve.py --config configs/tp1.yaml "
+    "--model ternary=models/qwen3-embedding-0.6b-ternary --replicas 1 --words 16 --concurrency 1 16 64 --requests 3000 "
+    "--max-seconds 20 --health-timeout 300 --name serve-gpu-tp1-ternary  # = gpu_e2e_run.sh serve_tp1_ternary, less reconcile",
+    "run: (the same with --model bf16=models/qwen3-embedding-0.6b-bf16 --name serve-gpu-tp1-bf16)  # = serve_tp1_bf16",
+    "run: (the same with --config configs/tp2.yaml, --concurrency 1 64, --max-seconds 10, --name serve-gpu-tp2)"
+    "  # = serve_tp2, fewer levels for the device time left",
     "python scripts/bench_e2e.py report PARTS_DIR  # here, on the files that came back",
 ]
 TEXTS = ["w1 w2 w3 w4 w5 w6 w7 w8", "the a of to and in is it that for", "w10 the w11 a w12"]
@@ -188,7 +195,14 @@ def _serve_levels(part: dict, label: str) -> dict:
 
 def report(parts: Path, out: Path, name: str) -> int:
     offline_parts = {p.stem.removeprefix("offline-"): json.loads(p.read_text()) for p in sorted(parts.glob("offline-*.json"))}
-    serve_parts = {p.stem.removeprefix("serve-gpu-"): json.loads(p.read_text()) for p in sorted(parts.glob("serve-gpu-*.json"))}
+    # serve-gpu-tp1.json, or one file per model (serve-gpu-tp1-ternary.json, ...): merged per tp
+    serve_parts: dict[str, dict] = {}
+    for p in sorted(parts.glob("serve-gpu-*.json")):
+        part = json.loads(p.read_text())
+        tp = p.stem.removeprefix("serve-gpu-").split("-")[0]
+        merged = serve_parts.setdefault(tp, {**part, "models": {}, "commands": []})
+        merged["models"].update(part.get("models", {}))
+        merged["commands"].append(part.get("command"))
     prep = {}
     for p in sorted(parts.glob("prepare-*.json")):
         prep.update(json.loads(p.read_text())["models"])

@@ -134,11 +134,11 @@ def _is_ternary(model_dir: Path) -> bool:
     return is_ternary_checkpoint(model_dir)
 
 
-def reconcile(report: Path) -> dict:
+def reconcile(report: Path, timeout: float = 120) -> dict:
     """scripts/reconcile.py, live, against the cluster serve_local.sh started (bounded)."""
     address = f"127.0.0.1:{os.environ.get('RAY_PORT', '6390')}"
     t = time.time()
-    proc = subprocess.run([sys.executable, str(REPO / "scripts/reconcile.py"), "--address", address, "--timeout", "120",
+    proc = subprocess.run([sys.executable, str(REPO / "scripts/reconcile.py"), "--address", address, "--timeout", str(timeout),
                            "--json", str(report)], capture_output=True, text=True, timeout=600, cwd=REPO)
     lines = proc.stdout.strip().splitlines()
     print("\n".join(lines[-12:]), flush=True)
@@ -160,6 +160,7 @@ def main(argv=None) -> int:
     ap.add_argument("--health-timeout", type=float, default=600, help="seconds to wait for /health")
     ap.add_argument("--words", type=int, default=None, help="send N known words instead of the sentence")
     ap.add_argument("--reconcile", action="store_true", help="run the reconciliation job against each ternary model")
+    ap.add_argument("--reconcile-timeout", type=float, default=120, help="its per-deployment timeout (s)")
     args = ap.parse_args(argv)
     text = " ".join(f"w{i}" for i in range(args.words)) if args.words else SENTENCE
 
@@ -183,7 +184,8 @@ def main(argv=None) -> int:
                 for c in args.concurrency
             ]
             if args.reconcile and _is_ternary(Path(model)):
-                entry["reconcile"] = reconcile(Path(tempfile.gettempdir()) / f"{args.name}-{label}-reconcile.json")
+                args.out.mkdir(parents=True, exist_ok=True)
+                entry["reconcile"] = reconcile(args.out / f"{args.name}-{label}-reconcile.json", args.reconcile_timeout)
         finally:
             stop(proc)
         levels = entry["levels"]

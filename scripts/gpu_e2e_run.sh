@@ -8,9 +8,10 @@
 #                                                   # (also alone in one call, without the vLLM payload:
 #                                                   #  carry .whl only)
 #   bash scripts/gpu_e2e_run.sh prepare offline     # 0.6B model made + converted + validated; offline vLLM
-#   bash scripts/gpu_e2e_run.sh serve1              # Ray Serve configs/tp1.yaml: ternary and bf16, reconcile
-#   SKIP_QWEN=1 MINILM_SRC=.e2e/minilm-bf16 bash scripts/gpu_e2e_run.sh serve2 prepare minilm
-#                                                   # configs/tp2.yaml on two GPUs, reconcile; MiniLM offline
+#   bash scripts/gpu_e2e_run.sh serve_tp1_ternary   # Ray Serve configs/tp1.yaml, ternary, live reconcile (~5 min)
+#   bash scripts/gpu_e2e_run.sh serve_tp1_bf16      # the same for bf16 (~4.5 min; one model per call)
+#   bash scripts/gpu_e2e_run.sh serve_tp2           # configs/tp2.yaml on two GPUs (nvidia-h200-x2)
+#   SKIP_QWEN=1 MINILM_SRC=.e2e/minilm-bf16 bash scripts/gpu_e2e_run.sh prepare minilm   # MiniLM offline
 #
 # Everything a stage measures lands in $OUT (at most 8 files come back: JSON results, a log
 # tarball); scripts/bench_e2e.py report merges them here afterwards. The parts of earlier GPU
@@ -122,21 +123,28 @@ stage_minilm() {
   grep -hE "tok/s" "$LOGS"/offline-minilm-*.log | grep -v INFO | head -20
 }
 
-serve_bench() {  # CONFIG NAME MODELS...
-  local config=$1 name=$2; shift 2
-  local models=()
-  for m in "$@"; do models+=(--model "$m"); done
-  RAY_TMP=/tmp/ray-e2e python3 scripts/bench_serve.py --config "$config" "${models[@]}" --replicas 1 --words 16 \
-    --concurrency 1 16 64 --requests 3000 --max-seconds 20 --health-timeout 300 --reconcile --out "$OUT" --name "$name" 2>&1 | tail -25
+serve_bench() {  # CONFIG NAME LABEL=MODEL [bench_serve args...]: one model per call (each engine
+  # start is ~3 min under Serve; two models in one stage outran the 10-minute call limit)
+  local config=$1 name=$2 model=$3; shift 3
+  # a cluster left by a call that was cut off (its processes run in their own session) holds
+  # port 8000; the brackets keep pkill from matching this shell's own command line
+  pkill -9 -f "[g]cs_server|[r]aylet|[r]ay::|[r]ay[.]scripts|[E]ngineCore|[R]ayWorkerProc" 2>/dev/null; sleep 2
+  RAY_TMP=/tmp/ray-e2e python3 scripts/bench_serve.py --config "$config" --model "$model" --replicas 1 --words 16 \
+    --requests 3000 --max-seconds 20 --health-timeout 300 --out "$OUT" --name "$name" "$@" 2>&1 \
+    | tee "$LOGS/$name.out" | grep -vE " INFO | WARNING |logging.cc" | tail -25
   cp /tmp/"$name"-*.log "$LOGS"/ 2>/dev/null
 }
 
-stage_serve1() {
-  serve_bench configs/tp1.yaml serve-gpu-tp1 ternary=models/qwen3-embedding-0.6b-ternary bf16=models/qwen3-embedding-0.6b-bf16
+# tp 1: the ternary model (with the live reconciliation job), then bf16 in the next call
+stage_serve_tp1_ternary() {
+  serve_bench configs/tp1.yaml serve-gpu-tp1-ternary ternary=models/qwen3-embedding-0.6b-ternary \
+    --concurrency 1 16 64 --reconcile --reconcile-timeout 60
 }
-
-stage_serve2() {
-  serve_bench configs/tp2.yaml serve-gpu-tp2 ternary=models/qwen3-embedding-0.6b-ternary
+stage_serve_tp1_bf16() {
+  serve_bench configs/tp1.yaml serve-gpu-tp1-bf16 bf16=models/qwen3-embedding-0.6b-bf16 --concurrency 1 16 64
+}
+stage_serve_tp2() {
+  serve_bench configs/tp2.yaml serve-gpu-tp2 ternary=models/qwen3-embedding-0.6b-ternary --concurrency 1 16 64
 }
 
 for stage in "$@"; do

@@ -21,7 +21,11 @@ from pathlib import Path
 DEPLOYMENT_PREFIX = "TernaryLLMServer"
 
 
-def live(address: str, app: str | None, timeout: float, restart_bad: bool):
+def live(address: str, app: str | None, timeout: float, restart_bad: bool, progress: dict | None = None):
+    """Ask every replica of every TernaryLLMServer deployment for its ranks' report and compare
+    each with the checkpoint. `progress["step"]` says what it is doing (for a timeout's message)."""
+    progress = {} if progress is None else progress
+    progress["step"] = f"ray.init(address={address!r})"
     import ray
     from ray import serve
 
@@ -30,6 +34,7 @@ def live(address: str, app: str | None, timeout: float, restart_bad: bool):
     ray.init(address=address, namespace="serve", logging_level="ERROR", log_to_driver=False)
     rows, unreachable = [], []
     targets = []
+    progress["step"] = "serve.status()"
     for app_name, app_status in serve.status().applications.items():
         if app and app_name != app:
             continue
@@ -40,6 +45,7 @@ def live(address: str, app: str | None, timeout: float, restart_bad: bool):
         unreachable.append(f"no {DEPLOYMENT_PREFIX} deployment found" + (f" in application {app!r}" if app else ""))
     expected_cache = {}
     for app_name, dep_name, running in targets:
+        progress["step"] = f"{app_name}/{dep_name}: ternary_shards() of {running} replica(s)"
         handle = serve.get_deployment_handle(dep_name, app_name)
         reports, deadline = {}, time.time() + timeout
         # Serve routes each call to some replica: ask until every RUNNING replica answered.
@@ -57,7 +63,9 @@ def live(address: str, app: str | None, timeout: float, restart_bad: bool):
             tp = max(int(r["tp_size"]) for r in rep["ranks"])
             key = (rep["model_dir"], tp)
             if key not in expected_cache:
+                progress["step"] = f"reading the checkpoint {rep['model_dir']} (tp {tp})"
                 expected_cache[key] = Expected(Path(rep["model_dir"]), tp)
+            progress["step"] = f"expected digests of replica {replica} from {rep['model_dir']}"
             for rank_report in sorted(rep["ranks"], key=lambda r: r["tp_rank"]):
                 new = compare_rank(expected_cache[key], replica, rank_report)
                 rows += new
@@ -76,11 +84,11 @@ def bounded(fn, seconds: float, *args):
     answer ray.init or serve.status), report it as unreachable instead of hanging."""
     import threading
 
-    box = {}
+    box, progress = {}, {"step": "starting"}
 
     def run():
         try:
-            box["result"] = fn(*args)
+            box["result"] = fn(*args, progress=progress)
         except Exception as exc:  # reported below as unreachable, with its type and message
             box["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:300] if str(exc) else ''}"
 
@@ -89,7 +97,7 @@ def bounded(fn, seconds: float, *args):
     thread.join(seconds)
     if "result" in box:
         return box["result"]
-    return [], [box.get("error") or f"no answer from the cluster within {seconds:.0f} s"]
+    return [], [box.get("error") or f"no answer within {seconds:g} s; still at: {progress['step']}"]
 
 
 def main(argv=None) -> int:

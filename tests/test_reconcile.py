@@ -46,3 +46,34 @@ def test_offline_detects_a_loader_that_shifts_scales(tiny_bert, monkeypatch):
     assert bad and all(r.layer.endswith(("attention.output.dense", "output.dense")) for r in bad)
     assert {r.rank for r in bad} == {0, 1}
     assert all(r.detail == "scales differ" for r in bad), [r.detail for r in bad]
+
+
+def test_a_live_run_that_hangs_names_the_step_it_hung_in():
+    """A cluster that never answers is reported as unreachable, with what the job was doing."""
+    import threading
+
+    from scripts.reconcile import bounded
+
+    release = threading.Event()
+
+    def stuck(progress):
+        progress["step"] = "serve.status()"
+        release.wait(30)
+        return [], []
+
+    try:
+        rows, unreachable = bounded(stuck, 0.5)
+    finally:
+        release.set()
+    assert rows == []
+    assert unreachable == ["no answer within 0.5 s; still at: serve.status()"]
+
+
+def test_a_live_run_that_fails_reports_its_error():
+    from scripts.reconcile import bounded
+
+    def fails(progress):
+        progress["step"] = "ray.init(address='127.0.0.1:1')"
+        raise ConnectionError("could not connect\nsecond line")
+
+    assert bounded(fails, 5) == ([], ["ConnectionError: could not connect"])
