@@ -119,6 +119,18 @@ def serve_llm_import_error(exc: ImportError) -> ImportError:
     )
 
 
+def ingress_options(defaults: dict, user: dict) -> dict:
+    """Ray Serve LLM's ingress defaults with the config's ingress_deployment_config merged over
+    them (Ray's own merge: num_replicas replaces the default autoscaling). The ingress reserves
+    no CPU unless the config says so: it mostly waits on the engines, and a CPU budget per
+    ingress replica would take placement room from the engine workers."""
+    from ray.llm._internal.common.dict_utils import maybe_apply_llm_deployment_config_defaults
+
+    options = maybe_apply_llm_deployment_config_defaults(defaults, user)
+    options["ray_actor_options"] = {"num_cpus": 0, **options.get("ray_actor_options", {})}
+    return options
+
+
 def build_app(args: dict) -> Application:
     """``serve run``/``serve deploy`` entry: validate ``args``, compose Ray Serve LLM's pieces."""
     try:
@@ -142,8 +154,7 @@ def build_app(args: dict) -> Application:
         "health": lambda a: a.get("/health"),
     }
     ingress_cls = make_fastapi_ingress(TernaryIngress, endpoint_map=endpoints, app=app)
-    options = TernaryIngress.get_deployment_options([config])
-    options["ray_actor_options"] = {**options.get("ray_actor_options", {}), "num_cpus": 0}
+    options = ingress_options(TernaryIngress.get_deployment_options([config]), cfg.ingress_deployment_config)
     print("ternary-serve ingress options:", pprint.pformat(options))
     return serve.deployment(ingress_cls, **options).bind(
         llm_deployments={config.model_id: server},

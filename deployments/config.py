@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Literal, Optional
+from typing import Any, Literal, Optional
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 API_KEY_ENV = "TERNARY_API_KEY"
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -62,6 +62,37 @@ class TernaryServeConfig(BaseModel):
     max_body_bytes: int = Field(2 * 1024 * 1024, ge=1024, description="larger request bodies get 413")
     max_inputs: int = Field(2048, ge=1, description="inputs per request; more get 400")
     engine_env: dict[str, str] = Field(default_factory=dict, description="extra environment for the engines")
+    ingress_deployment_config: dict[str, Any] = Field(
+        default_factory=dict,
+        description=(
+            "Ray Serve deployment options for the HTTP ingress, merged over Ray Serve LLM's defaults as its "
+            "LLMServingArgs.ingress_deployment_config is, e.g. {num_replicas: 2} or {autoscaling_config: "
+            "{min_replicas: 2, max_replicas: 8, target_ongoing_requests: 16}}. Ray Serve LLM keeps one ingress "
+            "replica otherwise; on the H200 one carried about 120 requests/s (benchmarks/results/e2e-h200.md)"
+        ),
+    )
+
+    @field_validator("ingress_deployment_config")
+    @classmethod
+    def _ingress_options(cls, value: dict[str, Any]) -> dict[str, Any]:
+        """Ray Serve's own schema: unknown options and bad autoscaling bounds are refused here,
+        not when the controller deploys the ingress."""
+        from ray.serve.config import AutoscalingConfig
+        from ray.serve.schema import DeploymentSchema
+
+        unknown = sorted(set(value) - set(DeploymentSchema.model_fields) - {"name"})
+        if unknown or "name" in value:
+            raise ValueError(f"ingress_deployment_config: unknown or fixed option(s) {unknown or ['name']}; "
+                             f"allowed: {sorted(set(DeploymentSchema.model_fields) - {'name'})}")
+        try:
+            DeploymentSchema(name="ingress", **value)
+            if value.get("autoscaling_config") is not None:
+                AutoscalingConfig(**value["autoscaling_config"])
+        except ValueError as exc:  # pydantic's ValidationError is a ValueError
+            errors = getattr(exc, "errors", None)
+            why = "; ".join(e["msg"] for e in errors()) if callable(errors) else str(exc)
+            raise ValueError(f"ingress_deployment_config: {why}") from None
+        return value
 
     @property
     def model_path(self) -> Path:

@@ -1,9 +1,11 @@
 """configs/cpu-autoscale.yaml grows from 1 to 2 replicas under load and shrinks back when
-idle (bounded load, bounded waits)."""
+idle (bounded load, bounded waits); its two ingress replicas (ingress_deployment_config) both
+serve."""
 
 from __future__ import annotations
 
 import asyncio
+import re
 import subprocess
 import sys
 import time
@@ -23,14 +25,14 @@ SERVE = str(Path(sys.executable).parent / "serve")
 LAST_STATUS = {}
 
 
-def running_llm_replicas() -> int:
+def running_replicas(prefix: str = "TernaryLLMServer") -> int:
     proc = subprocess.run([SERVE, "status", "--address", "http://127.0.0.1:8266"], capture_output=True, text=True,
                           timeout=60)
     LAST_STATUS["out"] = proc.stdout + proc.stderr[-1000:]
     status = yaml.safe_load(proc.stdout) or {}
     deployments = status.get("applications", {}).get("ternary-embeddings", {}).get("deployments", {})
     for name, dep in deployments.items():
-        if name.startswith("TernaryLLMServer"):
+        if name.startswith(prefix):
             return int(dep.get("replica_states", {}).get("RUNNING", 0))
     return 0
 
@@ -69,15 +71,20 @@ def test_grows_under_load_and_shrinks_when_idle(tmp_path):
     proc = start_serve("configs/cpu-autoscale.yaml", tmp_path / "serve.log")
     try:
         deadline = time.time() + 60
-        while running_llm_replicas() != 1 and time.time() < deadline:
+        while running_replicas() != 1 and time.time() < deadline:
             time.sleep(3)
-        assert running_llm_replicas() == 1, LAST_STATUS["out"]
-        grew, sent = asyncio.run(load_until(lambda: running_llm_replicas() >= 2, seconds=240))
+        assert running_replicas() == 1, LAST_STATUS["out"]
+        assert running_replicas("TernaryIngress") == 2, LAST_STATUS["out"]
+        grew, sent = asyncio.run(load_until(lambda: running_replicas() >= 2, seconds=240))
         assert grew, f"no second replica after 240 s of load ({sent} requests): {LAST_STATUS['out']}"
         deadline = time.time() + 180
-        while time.time() < deadline and running_llm_replicas() > 1:
+        while time.time() < deadline and running_replicas() > 1:
             time.sleep(5)
-        assert running_llm_replicas() == 1, "did not shrink back to 1 replica within 180 s idle"
+        assert running_replicas() == 1, "did not shrink back to 1 replica within 180 s idle"
+        # Serve's access log names the ingress replica of each request: the load reached both
+        served_by = set(re.findall(r"TernaryIngress (\S+) \S+ -- POST /v1/embeddings 200",
+                                   (tmp_path / "serve.log").read_text(errors="replace")))
+        assert len(served_by) == 2, served_by
     finally:
         stop_serve(proc)
 

@@ -53,6 +53,14 @@ def test_unknown_and_out_of_range_keys_are_refused():
         TernaryServeConfig.model_validate({**base, "autoscaling": {"min_replicas": 3, "max_replicas": 1}})
     with pytest.raises(ValueError, match="tensor_parallel_size"):
         TernaryServeConfig.model_validate({**base, "tensor_parallel_size": 0})
+    with pytest.raises(ValueError, match=r"ingress_deployment_config: unknown or fixed option\(s\) \['replicas'\]"):
+        TernaryServeConfig.model_validate({**base, "ingress_deployment_config": {"replicas": 2}})
+    with pytest.raises(ValueError, match=r"ingress_deployment_config: .*max_replicas \(1\) must be greater"):
+        TernaryServeConfig.model_validate(
+            {**base, "ingress_deployment_config": {"autoscaling_config": {"min_replicas": 2, "max_replicas": 1}}})
+    with pytest.raises(ValueError, match="ingress_deployment_config: .*num_replicas is not allowed"):
+        TernaryServeConfig.model_validate(
+            {**base, "ingress_deployment_config": {"num_replicas": 2, "autoscaling_config": {"max_replicas": 3}}})
     with pytest.raises(ValueError, match="has no config.json; convert a model first"):
         TernaryServeConfig.model_validate({**base, "model": "models/does-not-exist"}).check_model_dir()
 
@@ -97,3 +105,22 @@ def test_bench_serve_stops_at_a_failed_deploy(tmp_path):
     assert "ImportError: vLLM is installed but failed to import" in deploy_failure(log)
     log.write_text("Deployed app 'ternary-embeddings' successfully.\n")
     assert deploy_failure(log) is None
+
+
+def test_ingress_options_merge_over_serve_llm_defaults():
+    """Ray Serve LLM keeps one ingress replica (autoscaling target 1e9); the GPU configs ask for
+    2..8, a fixed count replaces the default autoscaling, and the ingress reserves no CPU."""
+    from ray.llm._internal.serve.core.ingress.ingress import DEFAULT_INGRESS_OPTIONS
+
+    from deployments.app import ingress_options
+
+    for name in ("tp1.yaml", "tp2.yaml", "tp4.yaml"):
+        cfg = TernaryServeConfig.model_validate(_args(REPO / "configs" / name))
+        opts = ingress_options(DEFAULT_INGRESS_OPTIONS, cfg.ingress_deployment_config)
+        assert opts["autoscaling_config"] == {"target_ongoing_requests": 16, "min_replicas": 2, "max_replicas": 8}
+        assert opts["ray_actor_options"] == {"num_cpus": 0}
+        assert opts["max_ongoing_requests"] == DEFAULT_INGRESS_OPTIONS["max_ongoing_requests"]
+    fixed = ingress_options(DEFAULT_INGRESS_OPTIONS, {"num_replicas": 2, "ray_actor_options": {"num_cpus": 0.5}})
+    assert fixed["num_replicas"] == 2 and "autoscaling_config" not in fixed
+    assert fixed["ray_actor_options"] == {"num_cpus": 0.5}
+    assert ingress_options(DEFAULT_INGRESS_OPTIONS, {})["autoscaling_config"] == DEFAULT_INGRESS_OPTIONS["autoscaling_config"]
