@@ -193,7 +193,8 @@ def _serve_levels(part: dict, label: str) -> dict:
     return {lv["concurrency"]: lv for lv in entry.get("levels", [])}
 
 
-def report(parts: Path, out: Path, name: str) -> int:
+def collect(parts: Path) -> dict:
+    """Every figure of the parts a GPU session returned, with the issue's targets."""
     offline_parts = {p.stem.removeprefix("offline-"): json.loads(p.read_text()) for p in sorted(parts.glob("offline-*.json"))}
     # serve-gpu-tp1.json, or one file per model (serve-gpu-tp1-ternary.json, ...): merged per tp
     serve_parts: dict[str, dict] = {}
@@ -235,6 +236,11 @@ def report(parts: Path, out: Path, name: str) -> int:
         "offline_16tok_latency_speedup (engine only)": ratio(b["offline_latency_16tok_p50_ms"], t["offline_latency_16tok_p50_ms"]),
         "serve_c64_throughput_ratio (>= 1.0)": ratio(t["throughput_c64_per_s"], b["throughput_c64_per_s"]),
     }
+    return result
+
+
+def report(parts: Path, out: Path, name: str) -> int:
+    result = collect(parts)
     out.mkdir(parents=True, exist_ok=True)
     (out / f"{name}.json").write_text(json.dumps(result, indent=1) + "\n")
     (out / f"{name}.md").write_text(markdown(result))
