@@ -13,6 +13,12 @@
 #   bash scripts/gpu_e2e_run.sh serve_tp2           # configs/tp2.yaml on two GPUs (nvidia-h200-x2)
 #   SKIP_QWEN=1 MINILM_SRC=.e2e/minilm-bf16 bash scripts/gpu_e2e_run.sh prepare minilm   # MiniLM offline
 #
+# Measured on 2026-11-30 (nvidia-h200-x2, warm start): p1 34 s; p2 + setup + kernel 130 s; prepare
+# 54 s; each Serve stage 250-270 s (engine start under Serve ~170 s). A whole session in the
+# 30 minutes of device time, calls back to back (the machine goes cold 30 s after a call):
+#   p1 | p2 + setup kernel | prepare serve_tp1_ternary | serve_tp1_bf16 | serve_tp2 | offline profile
+# Never put two Serve stages in one call: two engines plus the reconcile outran the 600 s limit.
+#
 # Everything a stage measures lands in $OUT (at most 8 files come back: JSON results, a log
 # tarball); scripts/bench_e2e.py report merges them here afterwards. The parts of earlier GPU
 # sessions are kept in .e2e/parts/ (ignored, on the dev machine): copy a session's returned
