@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -79,25 +80,28 @@ def live(address: str, app: str | None, timeout: float, restart_bad: bool, progr
     return rows, unreachable
 
 
-def bounded(fn, seconds: float, *args):
-    """Run fn in a daemon thread; if it has not returned in `seconds` (a cluster that does not
-    answer ray.init or serve.status), report it as unreachable instead of hanging."""
+def bounded(fn, seconds: float, on_timeout, *args):
+    """Run fn(*args, progress=...) here, in the calling (main) thread, where Ray's driver setup
+    belongs; `serve run` connects from its main thread too. If fn has not returned in `seconds`
+    (a cluster that does not answer ray.init or serve.status), a watchdog thread calls
+    on_timeout(message naming the step fn was in): main() passes one that writes the report
+    and exits, since a call blocked inside Ray cannot be interrupted. Errors come back as
+    "unreachable" lines."""
     import threading
 
-    box, progress = {}, {"step": "starting"}
+    progress, done = {"step": "starting"}, threading.Event()
 
-    def run():
-        try:
-            box["result"] = fn(*args, progress=progress)
-        except Exception as exc:  # reported below as unreachable, with its type and message
-            box["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:300] if str(exc) else ''}"
+    def watchdog():
+        if not done.wait(seconds):
+            on_timeout(f"no answer within {seconds:g} s; still at: {progress['step']}")
 
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    thread.join(seconds)
-    if "result" in box:
-        return box["result"]
-    return [], [box.get("error") or f"no answer within {seconds:g} s; still at: {progress['step']}"]
+    threading.Thread(target=watchdog, daemon=True).start()
+    try:
+        return fn(*args, progress=progress)
+    except Exception as exc:  # reported as unreachable, with its type and message
+        return [], [f"{type(exc).__name__}: {str(exc).splitlines()[0][:300] if str(exc) else ''}"]
+    finally:
+        done.set()
 
 
 def main(argv=None) -> int:
@@ -112,20 +116,24 @@ def main(argv=None) -> int:
     ap.add_argument("--restart-bad", action="store_true", help="replace replicas that mismatch")
     ap.add_argument("--json", type=Path, help="write the JSON report here")
     args = ap.parse_args(argv)
-    try:
-        if args.offline:
-            rows, unreachable = offline(args.offline, args.tp)
-        else:
-            rows, unreachable = bounded(live, args.timeout + 60, args.address, args.app, args.timeout, args.restart_bad)
-    except ConnectionError as exc:
-        rows, unreachable = [], [f"cluster at {args.address}: {exc}"]
-    code, line = summarize(rows, unreachable)
-    print(table(rows))
-    print(line)
-    if args.json:
-        args.json.write_text(report_json(rows, unreachable, code, line))
-    sys.stdout.flush()
-    os._exit(code)  # a daemon thread still waiting on a dead cluster must not keep us alive
+    finishing = threading.Lock()
+
+    def finish(rows, unreachable):
+        with finishing:  # the watchdog and the main thread may both get here; one report only
+            code, line = summarize(rows, unreachable)
+            print(table(rows))
+            print(line)
+            if args.json:
+                args.json.write_text(report_json(rows, unreachable, code, line))
+            sys.stdout.flush()
+            os._exit(code)  # a thread still blocked on a dead cluster must not keep us alive
+
+    if args.offline:
+        rows, unreachable = offline(args.offline, args.tp)
+    else:
+        rows, unreachable = bounded(live, args.timeout + 60, lambda why: finish([], [why]), args.address, args.app,
+                                    args.timeout, args.restart_bad)
+    finish(rows, unreachable)
 
 
 if __name__ == "__main__":

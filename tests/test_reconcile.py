@@ -49,31 +49,48 @@ def test_offline_detects_a_loader_that_shifts_scales(tiny_bert, monkeypatch):
 
 
 def test_a_live_run_that_hangs_names_the_step_it_hung_in():
-    """A cluster that never answers is reported as unreachable, with what the job was doing."""
+    """A cluster that never answers: the watchdog reports the step the job is stuck in (main()
+    then writes the report and exits; here the callback releases the stuck call)."""
     import threading
 
     from scripts.reconcile import bounded
 
-    release = threading.Event()
+    release, said = threading.Event(), []
 
     def stuck(progress):
         progress["step"] = "serve.status()"
         release.wait(30)
-        return [], []
+        return [], ["released"]
 
-    try:
-        rows, unreachable = bounded(stuck, 0.5)
-    finally:
+    def on_timeout(why):
+        said.append(why)
         release.set()
-    assert rows == []
-    assert unreachable == ["no answer within 0.5 s; still at: serve.status()"]
+
+    assert bounded(stuck, 0.5, on_timeout) == ([], ["released"])
+    assert said == ["no answer within 0.5 s; still at: serve.status()"]
 
 
-def test_a_live_run_that_fails_reports_its_error():
+def test_a_live_run_that_fails_reports_its_error_and_no_timeout():
+    import time
+
     from scripts.reconcile import bounded
+
+    said = []
 
     def fails(progress):
         progress["step"] = "ray.init(address='127.0.0.1:1')"
         raise ConnectionError("could not connect\nsecond line")
 
-    assert bounded(fails, 5) == ([], ["ConnectionError: could not connect"])
+    assert bounded(fails, 0.3, said.append) == ([], ["ConnectionError: could not connect"])
+    time.sleep(0.6)
+    assert said == []  # finished in time: the watchdog stays silent
+
+
+def test_cli_against_no_cluster_exits_2_naming_the_address(tmp_path):
+    report = tmp_path / "r.json"
+    proc = subprocess.run([sys.executable, "scripts/reconcile.py", "--address", "127.0.0.1:1", "--timeout", "1",
+                           "--json", str(report)], cwd=REPO, capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 2, proc.stdout + proc.stderr[-2000:]
+    body = json.loads(report.read_text())
+    assert body["exit_code"] == 2 and body["rows"] == [] and len(body["unreachable"]) == 1, body
+    assert "127.0.0.1:1" in body["unreachable"][0], body
