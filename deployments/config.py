@@ -80,10 +80,10 @@ class TernaryServeConfig(BaseModel):
         from ray.serve.config import AutoscalingConfig
         from ray.serve.schema import DeploymentSchema
 
-        unknown = sorted(set(value) - set(DeploymentSchema.model_fields) - {"name"})
-        if unknown or "name" in value:
-            raise ValueError(f"ingress_deployment_config: unknown or fixed option(s) {unknown or ['name']}; "
-                             f"allowed: {sorted(set(DeploymentSchema.model_fields) - {'name'})}")
+        allowed = set(DeploymentSchema.model_fields) - {"name"}  # the name is the app's
+        unknown = sorted(set(value) - allowed)
+        if unknown:
+            raise ValueError(f"ingress_deployment_config: unknown or fixed option(s) {unknown}; allowed: {sorted(allowed)}")
         try:
             DeploymentSchema(name="ingress", **value)
             if value.get("autoscaling_config") is not None:

@@ -201,7 +201,8 @@ def collect(parts: Path) -> dict:
     for p in sorted(parts.glob("serve-gpu-*.json")):
         part = json.loads(p.read_text())
         tp = p.stem.removeprefix("serve-gpu-").split("-")[0]
-        merged = serve_parts.setdefault(tp, {**part, "models": {}, "commands": []})
+        shared = {k: v for k, v in part.items() if k not in ("models", "command")}  # machine, config
+        merged = serve_parts.setdefault(tp, {**shared, "models": {}, "commands": []})
         merged["models"].update(part.get("models", {}))
         merged["commands"].append(part.get("command"))
     prep = {}

@@ -163,6 +163,7 @@ def main(argv=None) -> int:
     ap.add_argument("--reconcile-timeout", type=float, default=120, help="its per-deployment timeout (s)")
     args = ap.parse_args(argv)
     text = " ".join(f"w{i}" for i in range(args.words)) if args.words else SENTENCE
+    args.out.mkdir(parents=True, exist_ok=True)
 
     result = {"machine": f"{platform.node()} ({os.cpu_count()} cores, {platform.machine()})",
               "command": "python scripts/bench_serve.py " + " ".join(argv if argv is not None else sys.argv[1:]),
@@ -184,7 +185,6 @@ def main(argv=None) -> int:
                 for c in args.concurrency
             ]
             if args.reconcile and _is_ternary(Path(model)):
-                args.out.mkdir(parents=True, exist_ok=True)
                 entry["reconcile"] = reconcile(args.out / f"{args.name}-{label}-reconcile.json", args.reconcile_timeout)
         finally:
             stop(proc)
@@ -194,7 +194,6 @@ def main(argv=None) -> int:
             print(f"{label:8s} c={lv['concurrency']:3d} {lv['embeddings_per_s']:8.1f} emb/s {lv['tokens_per_s']:9.1f} tok/s "
                   f"p50 {lv['latency_p50_ms']} p95 {lv['latency_p95_ms']} p99 {lv['latency_p99_ms']} ms errors {lv['errors']}",
                   flush=True)
-    args.out.mkdir(parents=True, exist_ok=True)
     (args.out / f"{args.name}.json").write_text(json.dumps(result, indent=1) + "\n")
     lines = [f"# Serve load test ({result['machine']})", "", f"`{result['command']}`", "",
              "| model | concurrency | ok | embeddings/s | tokens/s | p50 ms | p95 ms | p99 ms | errors |",
