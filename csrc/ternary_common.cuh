@@ -41,6 +41,18 @@ __device__ __forceinline__ uint4 load8(const T* __restrict__ x, int k, int k_end
   return make_uint4(w[0], w[1], w[2], w[3]);
 }
 
+// The scale blocks of the chunk [k, k + len) of a row (len <= block_size, so at most two):
+// weights before `split` (relative to k) use block b0, the rest block b0 + 1. k_offset is where
+// the row's first weight sits inside its first block (a shard starting inside a block).
+struct BlockSplit {
+  int b0, split;
+};
+__device__ __forceinline__ BlockSplit block_split(int k, int len, int k_offset, int block_size) {
+  const int p = k + k_offset;
+  const int b0 = p / block_size;
+  return {b0, min(block_size - (p - b0 * block_size), len)};
+}
+
 // An fp16 scale loaded as raw bits (so the load is not waited for until the value is used).
 __device__ __forceinline__ float scale_from_bits(unsigned short bits) { return __half2float(__ushort_as_half(bits)); }
 

@@ -28,7 +28,7 @@
 //     shard's k_offset), so each lane keeps two partial sums per activation row and multiplies each by
 //     its scale once per chunk. The warp then reduces across lanes with shuffles.
 //
-//   larger M: ternary_dequant_kernel writes W (x's dtype) to a workspace and cuBLAS
+//   larger M: ternary_dequant_kernel writes W (x's dtype) to a transient buffer and cuBLAS
 //     multiplies (the same split as vLLM's AWQ path for >= 256 tokens). Compute-bound there,
 //     the dequantization costs N*K*2 bytes of writes against 2*M*N*K flops.
 
@@ -81,10 +81,7 @@ ternary_gemv_kernel(const T* __restrict__ x,          // [M, K]
     // Every load of the chunk first: 32 codes (bytes [k0/4, k0/4 + 8) of the row; ldp padding
     // keeps the load in bounds), both scale blocks it may touch, 32 activations per row.
     const uint2 codes = __ldg(reinterpret_cast<const uint2*>(prow + k0 / 4));
-    // scale blocks of this chunk: b0 for weights before `split`, b0 + 1 after it
-    const int p = k0 + k_offset;
-    const int b0 = p / block_size;
-    const int split = min(block_size - (p - b0 * block_size), kChunk);
+    const auto [b0, split] = block_split(k0, kChunk, k_offset, block_size);
     const bool two_blocks = split < kChunk && (k0 + split) < K;
     const unsigned short s0bits = __ldg(srow + b0);
     const unsigned short s1bits = __ldg(srow + min(b0 + 1, lds - 1));
@@ -135,33 +132,43 @@ ternary_gemv_kernel(const T* __restrict__ x,          // [M, K]
   }
 }
 
-// W[n, k] = value(code) * scale, in T, for the large-M path. One thread per 8 weights (2
-// bytes of codes): one 16-byte store, and at most two scale blocks since block_size >= 32.
+// W[n, k] = value(code) * scale, in T, for the large-M path. One thread per 16 weights (4 bytes
+// of codes, one 4-byte load where rows are padded; at most two scale blocks since block_size
+// >= 32) and two 16-byte stores; 32-bit index arithmetic (the host checks N * groups < 2^31).
+constexpr int kDeqChunk = 16;
 template <typename T>
-__global__ void ternary_dequant_kernel(const uint8_t* __restrict__ packed, const __half* __restrict__ scale,
-                                       T* __restrict__ w, int N, int K, int ldp, int lds,
-                                       int block_size, int k_offset) {
-  const int groups = (K + 7) / 8;  // 8-weight groups per row
-  const long idx = (long)blockIdx.x * blockDim.x + threadIdx.x;
-  if (idx >= (long)N * groups) return;
-  const int n = idx / groups;
-  const int k0 = (int)(idx % groups) * 8;
+__global__ void __launch_bounds__(256)
+ternary_dequant_kernel(const uint8_t* __restrict__ packed, const __half* __restrict__ scale, T* __restrict__ w, int N,
+                       int K, int ldp, int lds, int block_size, int k_offset, bool codes_vec) {
+  const unsigned groups = (K + kDeqChunk - 1) / kDeqChunk;  // chunks per row
+  const unsigned idx = blockIdx.x * blockDim.x + threadIdx.x;
+  if (idx >= (unsigned)N * groups) return;
+  const unsigned n = idx / groups;
+  const int k0 = (int)(idx - n * groups) * kDeqChunk;
   const uint8_t* prow = packed + (size_t)n * ldp;
-  const uint32_t word = prow[k0 / 4] | ((k0 / 4 + 1 < ldp ? (uint32_t)prow[k0 / 4 + 1] : 0u) << 8);
-  const int p = k0 + k_offset;
-  const int b0 = p / block_size;
-  const int split = block_size - (p - b0 * block_size);  // weights of this group in block b0
-  const float s0 = __half2float(scale[(size_t)n * lds + b0]);
-  const float s1 = (split < 8 && k0 + split < K) ? __half2float(scale[(size_t)n * lds + b0 + 1]) : 0.f;
-  T out[8];
+  uint32_t word;
+  if (codes_vec) {  // ldp % 4 == 0 and rows 4-byte aligned: k0 / 4 + 4 <= ldp
+    word = __ldg(reinterpret_cast<const uint32_t*>(prow + k0 / 4));
+  } else {
+    word = 0;
 #pragma unroll
-  for (int i = 0; i < 8; ++i) out[i] = Vec<T>::from_float(code_value(word, i) * (i < split ? s0 : s1));
+    for (int i = 0; i < 4; ++i)
+      if (k0 / 4 + i < ldp) word |= (uint32_t)__ldg(prow + k0 / 4 + i) << (8 * i);
+  }
+  const auto [b0, split] = block_split(k0, kDeqChunk, k_offset, block_size);
+  const unsigned short* srow = reinterpret_cast<const unsigned short*>(scale) + (size_t)n * lds;
+  const float s0 = scale_from_bits(__ldg(srow + b0));
+  const float s1 = (split < kDeqChunk && k0 + split < K) ? scale_from_bits(__ldg(srow + b0 + 1)) : 0.f;
+  T out[kDeqChunk];
+#pragma unroll
+  for (int i = 0; i < kDeqChunk; ++i) out[i] = Vec<T>::from_float(code_value(word, i) * (i < split ? s0 : s1));
   T* dst = w + (size_t)n * K + k0;
-  if (K % 8 == 0) {  // rows 16-byte aligned
-    *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(out);
+  if (K % 8 == 0 && k0 + kDeqChunk <= K) {  // rows 16-byte aligned (w from the caching allocator)
+    reinterpret_cast<uint4*>(dst)[0] = reinterpret_cast<const uint4*>(out)[0];
+    reinterpret_cast<uint4*>(dst)[1] = reinterpret_cast<const uint4*>(out)[1];
   } else {
 #pragma unroll
-    for (int i = 0; i < 8; ++i)
+    for (int i = 0; i < kDeqChunk; ++i)
       if (k0 + i < K) dst[i] = out[i];
   }
 }
@@ -196,15 +203,17 @@ cudaError_t launch_gemv(bool bf16, const void* x, const uint8_t* packed, const _
 
 cudaError_t launch_dequant(bool bf16, const uint8_t* packed, const __half* scale, void* w, int N, int K, int ldp,
                            int lds, int block_size, int k_offset, cudaStream_t stream) {
-  const long threads = (long)N * ((K + 7) / 8);
+  const long threads = (long)N * ((K + kDeqChunk - 1) / kDeqChunk);
+  if (threads >= (1L << 31)) return cudaErrorInvalidValue;  // 32-bit indices in the kernel
   const int block = 256;
   const unsigned grid = (unsigned)((threads + block - 1) / block);
+  const bool codes_vec = ldp % 4 == 0 && reinterpret_cast<uintptr_t>(packed) % 4 == 0;
   if (bf16)
     ternary_dequant_kernel<__nv_bfloat16><<<grid, block, 0, stream>>>(
-        packed, scale, static_cast<__nv_bfloat16*>(w), N, K, ldp, lds, block_size, k_offset);
+        packed, scale, static_cast<__nv_bfloat16*>(w), N, K, ldp, lds, block_size, k_offset, codes_vec);
   else
     ternary_dequant_kernel<__half><<<grid, block, 0, stream>>>(packed, scale, static_cast<__half*>(w), N, K, ldp,
-                                                               lds, block_size, k_offset);
+                                                               lds, block_size, k_offset, codes_vec);
   return cudaGetLastError();
 }
 

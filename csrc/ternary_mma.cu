@@ -20,14 +20,20 @@
 // 2^e + bit; the same from W >> 1 gives 2^e + high bit; one bf16x2 subtraction leaves
 // low - high = value of code: 00 -> 0, 01 -> +1, 10 -> -1, 11 (reserved) -> 0.
 //
-// Work split: a CTA owns 16*R rows of W and all of K; its 8 warps take the 128-weight blocks
-// round-robin (split-K inside the CTA) and add their partial sums through shared memory, so
-// nothing crosses CTAs and the result is deterministic. Requires block_size % 128 == 0 and
+// Work split: a CTA owns 16*R rows of W; its 8 warps take the 128-weight blocks round-robin
+// (split-K inside the CTA) and add their partial sums through shared memory in a fixed order.
+// Where that leaves SMs idle (N / 16R tiles < SM count, e.g. o and down: N = 1024 -> 64 CTAs
+// on 132 SMs) and K has more blocks than a CTA has warps, k_split CTAs share a tile: they form
+// a thread-block cluster along grid.z (sm_90), each takes every k_split-th group of 8 blocks,
+// and they add their partial tiles through distributed shared memory, each CTA finishing
+// 1/k_split of the tile's outputs by reading all k_split partials in rank order. No workspace,
+// no atomics, no second kernel, and the sum's order is fixed: the result is deterministic. Requires block_size % 128 == 0 and
 // k_offset % 128 == 0 (true for every layer whose shard starts on a block; the others use the
 // gemv or dequantize paths) and rows padded to 8 bytes (ternary_plugin.ops.pad_packed_rows).
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cooperative_groups.h>
 #include <cuda_runtime.h>
 #include <stdint.h>
 
@@ -136,7 +142,8 @@ __device__ __forceinline__ void zero_tiles(float (&c)[R][NT][4]) {
       for (int i = 0; i < 4; ++i) c[r][j][i] = 0.f;
 }
 
-template <typename T, int R, int NT>
+// kSplit: the CTAs of a cluster along grid.z share the tile's K (gridDim.z = cluster size).
+template <typename T, int R, int NT, bool kSplit>
 __global__ void __launch_bounds__(kMmaWarps * 32)
 ternary_mma_kernel(const T* __restrict__ x,            // [M, K]
                    const uint8_t* __restrict__ packed,  // [N, ldp], ldp % 8 == 0
@@ -150,6 +157,9 @@ ternary_mma_kernel(const T* __restrict__ x,            // [M, K]
   const int m0 = blockIdx.y * 8 * NT;
   const int nblocks = (K + kKBlock - 1) / kKBlock;
   const bool vec_ok = rows_vec_ok(x, K);
+  // this warp's first block and the stride between its blocks (all warps of the cluster)
+  const int first = (kSplit ? blockIdx.z * kMmaWarps : 0) + warp;
+  const int stride = kSplit ? gridDim.z * kMmaWarps : kMmaWarps;
 
   float acc[R][NT][4];
   zero_tiles(acc);
@@ -178,9 +188,9 @@ ternary_mma_kernel(const T* __restrict__ x,            // [M, K]
   // current one. The activations (the same for every CTA, so from L2) are loaded per block:
   // prefetching them too cost 35-65 more registers at NT = 2 and 4.
   WeightStage<R> cur, nxt;
-  if (warp < nblocks) load_weights<R>(cur, prow, srow, warp, t, ldp, block_size, k_offset);
-  for (int b = warp; b < nblocks; b += kMmaWarps) {
-    if (b + kMmaWarps < nblocks) load_weights<R>(nxt, prow, srow, b + kMmaWarps, t, ldp, block_size, k_offset);
+  if (first < nblocks) load_weights<R>(cur, prow, srow, first, t, ldp, block_size, k_offset);
+  for (int b = first; b < nblocks; b += stride) {
+    if (b + stride < nblocks) load_weights<R>(nxt, prow, srow, b + stride, t, ldp, block_size, k_offset);
     uint32_t xf[NT][16];
 #pragma unroll
     for (int j = 0; j < NT; ++j) load_x32<T>(xrow[j], b * kKBlock + 32 * t, K, vec_ok, xf[j]);
@@ -226,10 +236,13 @@ ternary_mma_kernel(const T* __restrict__ x,            // [M, K]
 #pragma unroll
       for (int i = 0; i < 4; ++i) red[warp][((r * NT + j) * 4 + i) * 32 + lane] = acc[r][j][i];
   __syncthreads();
-  for (int e = threadIdx.x; e < kPerWarp; e += kMmaWarps * 32) {
+  auto cta_sum = [&](int e) {
     float v = 0.f;
 #pragma unroll
     for (int w = 0; w < kMmaWarps; ++w) v += red[w][e];
+    return v;
+  };
+  auto store = [&](int e, float v) {
     const int l = e % 32, i = (e / 32) % 4, j = (e / 128) % NT, r = e / (128 * NT);
     // C fragment: c0, c1 -> row g, cols 2t, 2t+1; c2, c3 -> row g + 8 (rows = W rows, cols = tokens)
     const int n = n0 + 16 * r + l / 4 + 8 * (i / 2);
@@ -238,37 +251,127 @@ ternary_mma_kernel(const T* __restrict__ x,            // [M, K]
       if (bias != nullptr) v += Vec<T>::to_float(bias[n]);
       y[(size_t)m * N + n] = Vec<T>::from_float(v);
     }
+  };
+  if constexpr (!kSplit) {
+    for (int e = threadIdx.x; e < kPerWarp; e += kMmaWarps * 32) store(e, cta_sum(e));
+  } else {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    // split-K across the cluster: each CTA's partial tile in its shared memory, then each CTA
+    // finishes its share of the outputs from every CTA's partial, in rank order
+    namespace cg = cooperative_groups;
+    cg::cluster_group cluster = cg::this_cluster();
+    __shared__ float part[kPerWarp];
+    for (int e = threadIdx.x; e < kPerWarp; e += kMmaWarps * 32) part[e] = cta_sum(e);
+    cluster.sync();
+    const int ranks = (int)cluster.num_blocks(), rank = (int)cluster.block_rank();
+    const int share = (kPerWarp + ranks - 1) / ranks;
+    const int e_end = min(kPerWarp, (rank + 1) * share);
+    for (int e = rank * share + threadIdx.x; e < e_end; e += kMmaWarps * 32) {
+      float v = 0.f;
+      for (int q = 0; q < ranks; ++q) v += cluster.map_shared_rank(part, q)[e];
+      store(e, v);
+    }
+    cluster.sync();  // no CTA leaves (freeing its shared memory) while another still reads it
+#else
+    __trap();  // never launched: the host splits only where the sm_90 binary runs (split_ok)
+#endif
   }
+}
+
+// Whether the cluster (split-K) kernels run from an sm_90+ binary on this device: not where an
+// sm_80 or PTX-only image was loaded (their split instantiation traps). Asked once per device
+// and activation type (every instantiation comes from the same fat binary).
+template <typename Kernel>
+bool split_ok(Kernel kernel) {
+  static int cached[64] = {};  // 0 unknown, 1 yes, 2 no
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || dev >= 64) return false;
+  if (cached[dev] == 0) {
+    cudaFuncAttributes attr{};
+    const bool yes = cudaFuncGetAttributes(&attr, kernel) == cudaSuccess && attr.binaryVersion >= 90;
+    cached[dev] = yes ? 1 : 2;
+  }
+  return cached[dev] == 1;
+}
+
+int sm_count() {
+  static int cached[64] = {};
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || dev >= 64) return 0;
+  if (cached[dev] == 0 && cudaDeviceGetAttribute(&cached[dev], cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
+    cached[dev] = 0;
+  return cached[dev];
+}
+
+// CTAs per tile along K: auto (k_split 0) splits only where the tiles leave SMs idle and K has
+// more 128-weight blocks than a CTA has warps: o (K 2048, N 1024) -> 2, down (3072, 1024) -> 3.
+// A forced k_split (tests, benchmarks) is capped at 8 (the portable cluster size) and at the
+// number of 8-block groups, so every CTA has a block.
+int choose_k_split(int k_split, int tiles, int nblocks) {
+  const int groups = (nblocks + kMmaWarps - 1) / kMmaWarps;
+  if (k_split == 0) {
+    const int sms = sm_count();
+    if (sms == 0 || tiles >= sms) return 1;
+    k_split = (sms + tiles - 1) / tiles;
+  }
+  return max(1, min(k_split, min(groups, 8)));
+}
+
+template <typename T, int R, int NT>
+cudaError_t launch_mma_nt(const T* x, const uint8_t* packed, const __half* scale, const T* bias, T* y, int M, int N,
+                          int K, int ldp, int lds, int block_size, int k_offset, int k_split, cudaStream_t stream) {
+  const dim3 grid((N + 16 * R - 1) / (16 * R), (M + 8 * NT - 1) / (8 * NT));
+  const int ks = choose_k_split(k_split, grid.x * grid.y, (K + kKBlock - 1) / kKBlock);
+  if (ks > 1 && split_ok(ternary_mma_kernel<T, R, NT, true>)) {
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3(grid.x, grid.y, ks);
+    cfg.blockDim = dim3(kMmaWarps * 32);
+    cfg.dynamicSmemBytes = 0;
+    cfg.stream = stream;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeClusterDimension;
+    attr[0].val.clusterDim.x = 1;
+    attr[0].val.clusterDim.y = 1;
+    attr[0].val.clusterDim.z = ks;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+    return cudaLaunchKernelEx(&cfg, ternary_mma_kernel<T, R, NT, true>, x, packed, scale, bias, y, M, N, K, ldp, lds,
+                              block_size, k_offset);
+  }
+  ternary_mma_kernel<T, R, NT, false><<<grid, kMmaWarps * 32, 0, stream>>>(x, packed, scale, bias, y, M, N, K, ldp,
+                                                                           lds, block_size, k_offset);
+  return cudaGetLastError();
 }
 
 template <typename T, int R>
 cudaError_t launch_mma_r(const void* x, const uint8_t* packed, const __half* scale, const void* bias, void* y, int M,
-                         int N, int K, int ldp, int lds, int block_size, int k_offset, cudaStream_t stream) {
+                         int N, int K, int ldp, int lds, int block_size, int k_offset, int k_split,
+                         cudaStream_t stream) {
   const T* xt = static_cast<const T*>(x);
   const T* bt = static_cast<const T*>(bias);
   T* yt = static_cast<T*>(y);
-  const unsigned gx = (N + 16 * R - 1) / (16 * R);
-#define TERNARY_MMA(NT_)                                                                                   \
-  ternary_mma_kernel<T, R, NT_><<<dim3(gx, (M + 8 * NT_ - 1) / (8 * NT_)), kMmaWarps * 32, 0, stream>>>( \
-      xt, packed, scale, bt, yt, M, N, K, ldp, lds, block_size, k_offset)
   // R * NT <= 8 keeps the split-K exchange in 32 KB of static shared memory; larger M loops
   // over token tiles in grid.y (re-reading the codes, from L2 at these sizes).
   constexpr int kMaxNT = R >= 4 ? 2 : 4;
-  if (M <= 8) TERNARY_MMA(1);
-  else if (M <= 16 || kMaxNT == 2) TERNARY_MMA(2);
-  else TERNARY_MMA(kMaxNT);
-#undef TERNARY_MMA
-  return cudaGetLastError();
+  if (M <= 8)
+    return launch_mma_nt<T, R, 1>(xt, packed, scale, bt, yt, M, N, K, ldp, lds, block_size, k_offset, k_split, stream);
+  if (M <= 16 || kMaxNT == 2)
+    return launch_mma_nt<T, R, 2>(xt, packed, scale, bt, yt, M, N, K, ldp, lds, block_size, k_offset, k_split, stream);
+  return launch_mma_nt<T, R, kMaxNT>(xt, packed, scale, bt, yt, M, N, K, ldp, lds, block_size, k_offset, k_split,
+                                     stream);
 }
 
 template <typename T>
 cudaError_t launch_mma_t(const void* x, const uint8_t* packed, const __half* scale, const void* bias, void* y, int M,
-                         int N, int K, int ldp, int lds, int block_size, int k_offset, int rows_per_cta,
+                         int N, int K, int ldp, int lds, int block_size, int k_offset, int rows_per_cta, int k_split,
                          cudaStream_t stream) {
   switch (rows_per_cta) {
-    case 16: return launch_mma_r<T, 1>(x, packed, scale, bias, y, M, N, K, ldp, lds, block_size, k_offset, stream);
-    case 32: return launch_mma_r<T, 2>(x, packed, scale, bias, y, M, N, K, ldp, lds, block_size, k_offset, stream);
-    case 64: return launch_mma_r<T, 4>(x, packed, scale, bias, y, M, N, K, ldp, lds, block_size, k_offset, stream);
+    case 16:
+      return launch_mma_r<T, 1>(x, packed, scale, bias, y, M, N, K, ldp, lds, block_size, k_offset, k_split, stream);
+    case 32:
+      return launch_mma_r<T, 2>(x, packed, scale, bias, y, M, N, K, ldp, lds, block_size, k_offset, k_split, stream);
+    case 64:
+      return launch_mma_r<T, 4>(x, packed, scale, bias, y, M, N, K, ldp, lds, block_size, k_offset, k_split, stream);
     default: return cudaErrorInvalidValue;
   }
 }
@@ -279,14 +382,15 @@ cudaError_t launch_mma_t(const void* x, const uint8_t* packed, const __half* sca
 // CTA", v4): 16 rows was fastest or within 1 % in 22 of the 24 (shape, M <= 16) cases, and the
 // earlier rule (32 rows once N / 32 >= the SM count) cost gate_up 11 % (4.29 vs 4.80 us at M = 1);
 // qkv at M = 8, 16 is the exception (32 rows 4-8 % faster), 64 rows never won.
+// k_split: CTAs per tile along K (a cluster); 0 = auto (choose_k_split), 1 = none.
 cudaError_t launch_mma(bool bf16, const void* x, const uint8_t* packed, const __half* scale, const void* bias, void* y,
                        int M, int N, int K, int ldp, int lds, int block_size, int k_offset, int rows_per_cta,
-                       cudaStream_t stream) {
+                       int k_split, cudaStream_t stream) {
   if (rows_per_cta == 0) rows_per_cta = 16;
   return bf16 ? launch_mma_t<__nv_bfloat16>(x, packed, scale, bias, y, M, N, K, ldp, lds, block_size, k_offset,
-                                            rows_per_cta, stream)
+                                            rows_per_cta, k_split, stream)
               : launch_mma_t<__half>(x, packed, scale, bias, y, M, N, K, ldp, lds, block_size, k_offset, rows_per_cta,
-                                     stream);
+                                     k_split, stream);
 }
 
 }  // namespace ternary

@@ -105,8 +105,9 @@ def bench_shape(name, k, n, m, l2_bytes, replays, bs=128):
     def cublas(i):
         return lambda: torch.mm(xs[i % len(xs)], ws[i].t())
 
-    def path(i, p, rows=0):
-        return lambda: torch.ops.ternary_serve.gemm_path(xs[i % len(xs)], packs[i], scales[i], None, bs, 0, p, rows)
+    def path(i, p, rows=0, k_split=0):
+        return lambda: torch.ops.ternary_serve.gemm_path(xs[i % len(xs)], packs[i], scales[i], None, bs, 0, p, rows,
+                                                         k_split)
 
     def deq(i):
         return lambda: torch.mm(xs[i % len(xs)], torch.ops.ternary_serve.dequantize(packs[i], scales[i], k, bs, 0, torch.bfloat16).t())
@@ -121,13 +122,22 @@ def bench_shape(name, k, n, m, l2_bytes, replays, bs=128):
     # data for its rows_per_cta heuristic (launch_mma)
     mma_rows = {str(r): round(time_graph([path(i, 2, r) for i in range(copies_t)], replays), 3)
                 for r in (16, 32, 64)} if m <= 32 else None
+    # ... and at each number of CTAs per tile along K (a cluster; 1 = v4's single CTA), where K
+    # has more blocks than a CTA has warps (o, down)
+    mma_split = {str(ks): round(time_graph([path(i, 2, 0, ks) for i in range(copies_t)], replays), 3)
+                 for ks in (1, 2, 3, 4)} if m <= 32 and k > 1024 else None
+    # the large-M path's first half alone: how much of the gap to cuBLAS the dequantize is
+    t_deq_only = time_graph([lambda i=i: torch.ops.ternary_serve.dequantize(packs[i], scales[i], k, bs, 0,
+                                                                            torch.bfloat16)
+                             for i in range(copies_t)], replays) if m >= 4096 else None
     flops = 2 * m * n * k
     io = x_bytes + m * n * 2
     row = {
         "shape": name, "M": m, "K": k, "N": n,
         "ternary_us": round(t_tern, 3), "cublas_bf16_us": round(t_cub, 3), "dequant_us": round(t_deq, 3),
         "mma_us": None if t_mma is None else round(t_mma, 3), "gemv_us": None if t_gemv is None else round(t_gemv, 3),
-        "mma_us_by_rows_per_cta": mma_rows,
+        "mma_us_by_rows_per_cta": mma_rows, "mma_us_by_k_split": mma_split,
+        "dequant_only_us": None if t_deq_only is None else round(t_deq_only, 3),
         "speedup_vs_cublas": round(t_cub / t_tern, 3),
         "ternary_GBps": round((tern_bytes + io) / (t_tern * 1e-6) / 1e9, 1),
         "cublas_GBps": round((n * k * 2 + io) / (t_cub * 1e-6) / 1e9, 1),
@@ -168,6 +178,21 @@ def markdown(result: dict) -> str:
         for r in by_rows:
             t = r["mma_us_by_rows_per_cta"]
             lines.append(f"| {r['shape']} | {r['M']} | {t['16']} | {t['32']} | {t['64']} |")
+    by_split = [r for r in result["rows"] if r.get("mma_us_by_k_split")]
+    if by_split:
+        lines += ["", "Tensor-core kernel by CTAs per tile along K (us; a thread-block cluster; 1 = one CTA "
+                  "per tile as in v4; auto chooses by SM count and K):", "",
+                  "| shape | M | 1 | 2 | 3 | 4 |", "|---|---|---|---|---|---|"]
+        for r in by_split:
+            t = r["mma_us_by_k_split"]
+            lines.append(f"| {r['shape']} | {r['M']} | {t['1']} | {t['2']} | {t['3']} | {t['4']} |")
+    deq = [r for r in result["rows"] if r.get("dequant_only_us")]
+    if deq:
+        lines += ["", "Large M: the dequantize kernel alone (us; the bf16 copy of the layer it writes) against the "
+                  "gap between the op and cuBLAS:", "", "| shape | M | dequantize us | op - cuBLAS us |", "|---|---|---|---|"]
+        for r in deq:
+            lines.append(f"| {r['shape']} | {r['M']} | {r['dequant_only_us']} | "
+                         f"{round(r['ternary_us'] - r['cublas_bf16_us'], 3)} |")
     small = [r for r in result["rows"] if r["M"] <= 16 and "/" not in r["shape"]]
     if small:
         gm = math.exp(sum(math.log(r["speedup_vs_cublas"]) for r in small) / len(small))

@@ -85,25 +85,27 @@ stage_kernel() {
   grep -E "^Geometric|^Worst" "$OUT/kernel-h200.md"
 }
 
-stage_profile() {  # Nsight Compute on the tensor-core kernel: gate_up (K 1024, N 6144) at M 1 and 16
-  for m in 1 16; do
+stage_profile() {  # Nsight Compute on the tensor-core kernel: gate_up (K 1024, N 6144) at M 1 and 16, and
+  # down (K 3072, N 1024) at M 1, where the auto split-K runs 3-CTA clusters
+  for case in gate_up:1024:6144:1 gate_up:1024:6144:16 down:3072:1024:1; do
+    IFS=: read -r name k n m <<< "$case"
     timeout 150 ncu --clock-control none -k regex:ternary_mma_kernel --launch-skip 3 --launch-count 1 \
       --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
-      --section MemoryWorkloadAnalysis --section SchedulerStats python3 - "$m" > "$LOGS/ncu-gate_up-m$m.txt" 2>&1 <<'EOF2'
+      --section MemoryWorkloadAnalysis --section SchedulerStats python3 - "$m" "$k" "$n" > "$LOGS/ncu-$name-m$m.txt" 2>&1 <<'EOF2'
 import sys, torch
 from ternary_plugin import format as fmt, ops
 assert ops.cuda_op_available(), ops._state
-m = int(sys.argv[1]); k, n = 1024, 6144
+m, k, n = (int(a) for a in sys.argv[1:4])
 packed = ops.pad_packed_rows(fmt.pack_ternary(torch.randint(-1, 2, (n, k), dtype=torch.int8))).cuda()
-scale = (torch.rand(n, 8) * 0.05 + 0.01).half().cuda()
+scale = (torch.rand(n, fmt.scale_cols(k, 128)) * 0.05 + 0.01).half().cuda()
 x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
 for _ in range(5):
-    torch.ops.ternary_serve.gemm_path(x, packed, scale, None, 128, 0, 2, 0)
+    torch.ops.ternary_serve.gemm_path(x, packed, scale, None, 128, 0, 2, 0, 0)
 torch.cuda.synchronize()
 EOF2
-    echo "--- ncu gate_up M=$m"
-    grep -E "Duration|Memory Throughput|DRAM Throughput|Compute \(SM\) Throughput|Registers Per|Achieved Occupancy|Theoretical Occupancy|Block Limit|Warp Cycles Per Issued|Stall|Grid Size|Waves Per SM|L2 Hit|Mem Busy|Max Bandwidth|One or More|No Eligible" \
-      "$LOGS/ncu-gate_up-m$m.txt" | head -40
+    echo "--- ncu $name M=$m"
+    grep -E "Duration|Memory Throughput|DRAM Throughput|Compute \(SM\) Throughput|Registers Per|Achieved Occupancy|Theoretical Occupancy|Block Limit|Warp Cycles Per Issued|Stall|Grid Size|Cluster Size|Waves Per SM|L2 Hit|Mem Busy|Max Bandwidth|One or More|No Eligible" \
+      "$LOGS/ncu-$name-m$m.txt" | head -40
   done
 }
 

@@ -114,13 +114,11 @@ def _register_fake() -> None:
     if not cuda_op_available() or _state.get("fake"):
         return
 
-    @torch.library.register_fake(f"{OP_NAMESPACE}::gemm")
-    def _gemm_fake(x, packed, scale, bias, block_size, k_offset):
+    def _gemm_fake(x, packed, scale, bias, block_size, k_offset, *kernel_choice):  # gemm and gemm_path
         return x.new_empty((x.shape[0], packed.shape[0]))
 
-    @torch.library.register_fake(f"{OP_NAMESPACE}::gemm_path")
-    def _gemm_path_fake(x, packed, scale, bias, block_size, k_offset, path, rows_per_cta):
-        return x.new_empty((x.shape[0], packed.shape[0]))
+    torch.library.register_fake(f"{OP_NAMESPACE}::gemm", _gemm_fake)
+    torch.library.register_fake(f"{OP_NAMESPACE}::gemm_path", _gemm_fake)
 
     @torch.library.register_fake(f"{OP_NAMESPACE}::dequantize")
     def _dequantize_fake(packed, scale, k, block_size, k_offset, dtype):

@@ -98,7 +98,13 @@ PATH_SHAPES = [
     (12, 40, 700, 128, 256, "block_size 256, shard starting half way into a block"),
     (3, 96, 502, 118, 128, "k_offset inside a block: not for the tensor-core kernel"),
     (3, 1, 2176, 0, 128, "N = 1: the other rows of a tile read row 0 and are never stored; 17 blocks"),
+    (1, 1024, 2048, 0, 128, "o_proj at M = 1: auto split-K over a 2-CTA cluster"),
+    (16, 1000, 3000, 0, 128, "down-like, N % 16 != 0, K ends inside a block: 3-CTA cluster"),
+    (5, 200, 4100, 0, 128, "33 blocks, 5 groups of 8: clusters up to 5 CTAs, the last CTA's group short"),
 ]
+# the tensor-core kernel's tile choices, each forced: W rows per CTA, then CTAs per tile along K
+# (0 = auto; more than the K groups is capped by the launcher)
+MMA_TILES = [(0, 0), (16, 0), (32, 0), (64, 0), (0, 1), (0, 2), (0, 3), (0, 8), (32, 2)]
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
@@ -110,14 +116,26 @@ def test_each_kernel_matches_reference(m, n, k, k_offset, bs, reason, path, dtyp
     seed = int(torch.randint(0, 2**31 - 1, ()).item())  # fresh inputs each run; printed on failure
     x, packed, scale, bias, values, scale_cpu = _case(m, n, k, k_offset, bs, dtype, seed=seed)
     ref = _reference(x, values, scale_cpu, k, bs, k_offset, bias)
-    for rows in ([0, 16, 32, 64] if path == MMA else [0]):
+    for rows, k_split in MMA_TILES if path == MMA else [(0, 0)]:
         _poison_allocator(m * n * 2)
-        y = torch.ops.ternary_serve.gemm_path(x, packed, scale, bias, bs, k_offset, path, rows)
+        y = torch.ops.ternary_serve.gemm_path(x, packed, scale, bias, bs, k_offset, path, rows, k_split)
         torch.cuda.synchronize()
+        tile = f"rows/CTA {rows}, k_split {k_split}"
         assert y.shape == (m, n) and y.dtype == dtype
-        assert bool(torch.isfinite(y).all()), f"{reason}, rows/CTA {rows}: unwritten (NaN-poisoned) output"
+        assert bool(torch.isfinite(y).all()), f"{reason}, {tile}: unwritten (NaN-poisoned) output"
         rel = _rel_err(y, ref)
-        assert rel < TOL[dtype], f"{reason}, rows/CTA {rows}, seed {seed}: relative error {rel:.2e}"
+        assert rel < TOL[dtype], f"{reason}, {tile}, seed {seed}: relative error {rel:.2e}"
+
+
+def test_split_k_is_deterministic():
+    """The cluster reduction adds the CTAs' partials in rank order: the same bits every run, and
+    the same sum (to fp32 rounding) as one CTA per tile."""
+    x, packed, scale, bias, values, scale_cpu = _case(4, 1024, 3072, 0, 128, torch.bfloat16, seed=21)
+    runs = [torch.ops.ternary_serve.gemm_path(x, packed, scale, bias, 128, 0, MMA, 0, 3) for _ in range(5)]
+    assert all(torch.equal(runs[0], r) for r in runs[1:])
+    one = torch.ops.ternary_serve.gemm_path(x, packed, scale, bias, 128, 0, MMA, 0, 1)
+    assert _rel_err(runs[0], one.cpu().double()) < 1e-2
+    assert _rel_err(runs[0], _reference(x, values, scale_cpu, 3072, 128, 0, bias)) < TOL[torch.bfloat16]
 
 
 @pytest.mark.parametrize("path", [GEMV, MMA], ids=["gemv", "mma"])
@@ -162,11 +180,19 @@ def test_reference_path_agrees_on_gpu():
     assert float((y.float() - ref.float()).norm() / ref.float().norm()) < 1e-2
 
 
-def test_dequantize_is_exact_in_fp16():
-    """code * fp16 scale is exact in fp16: the dequantize op owes bit equality."""
-    _, packed, scale, _, values, scale_cpu = _case(1, 64, 1216, 64, 128, torch.float16, seed=3)
-    w = torch.ops.ternary_serve.dequantize(packed, scale, 1216, 128, 64, torch.float16)
-    expect = (values.float() * fmt.expand_scales(scale_cpu, 1216, 128, 64).float()).half()
+@pytest.mark.parametrize("n,k,k_offset,padded", [(64, 1216, 64, True), (33, 202, 0, False), (40, 1030, 96, False)],
+                         ids=["padded-rows", "unpadded-K202", "unpadded-offset96"])
+def test_dequantize_is_exact_in_fp16(n, k, k_offset, padded):
+    """code * fp16 scale is exact in fp16: the dequantize op owes bit equality, with rows padded
+    (4-byte code loads) or as the format stores them (ldp = ceil(K/4), byte loads)."""
+    g = torch.Generator().manual_seed(n + k)
+    values = torch.randint(-1, 2, (n, k), generator=g, dtype=torch.int8)
+    scale_cpu = (torch.rand(n, fmt.scale_cols(k, 128, k_offset), generator=g) * 0.1 + 0.01).half()
+    packed = fmt.pack_ternary(values)
+    packed = ops.pad_packed_rows(packed) if padded else packed
+    assert (packed.shape[1] % 4 == 0) == padded
+    w = torch.ops.ternary_serve.dequantize(packed.cuda(), scale_cpu.cuda(), k, 128, k_offset, torch.float16)
+    expect = (values.float() * fmt.expand_scales(scale_cpu, k, 128, k_offset).float()).half()
     assert torch.equal(w.cpu(), expect)
 
 
@@ -190,3 +216,5 @@ def test_bad_inputs_are_named():
         torch.ops.ternary_serve.gemm(x, packed[:, :8].contiguous(), scale, None, 128, 0)
     with pytest.raises(RuntimeError, match="x must be bf16 or fp16"):
         torch.ops.ternary_serve.gemm(x.float(), packed, scale, None, 128, 0)
+    with pytest.raises(RuntimeError, match="k_split must be 0 \\(auto\\) or 1..8 CTAs per tile along K, got 9"):
+        torch.ops.ternary_serve.gemm_path(x, packed, scale, None, 128, 0, MMA, 0, 9)
