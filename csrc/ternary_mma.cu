@@ -22,8 +22,8 @@
 //
 // Work split: a CTA owns 16*R rows of W; its 8 warps take the 128-weight blocks round-robin
 // (split-K inside the CTA) and add their partial sums through shared memory in a fixed order.
-// Where that leaves SMs idle (N / 16R tiles < SM count, e.g. o and down: N = 1024 -> 64 CTAs
-// on 132 SMs) and K has more blocks than a CTA has warps, k_split CTAs share a tile: they form
+// Where that leaves SMs idle (N / 16R tiles < SM count, e.g. down: N = 1024 -> 64 CTAs on 132
+// SMs) and each warp would walk 3+ blocks of K in series, k_split CTAs share a tile: they form
 // a thread-block cluster along grid.z (sm_90), each takes every k_split-th group of 8 blocks,
 // and they add their partial tiles through distributed shared memory, each CTA finishing
 // 1/k_split of the tile's outputs by reading all k_split partials in rank order. No workspace,
@@ -303,15 +303,18 @@ int sm_count() {
   return cached[dev];
 }
 
-// CTAs per tile along K: auto (k_split 0) splits only where the tiles leave SMs idle and K has
-// more 128-weight blocks than a CTA has warps: o (K 2048, N 1024) -> 2, down (3072, 1024) -> 3.
-// A forced k_split (tests, benchmarks) is capped at 8 (the portable cluster size) and at the
-// number of 8-block groups, so every CTA has a block.
+// CTAs per tile along K: auto (k_split 0) splits only where the tiles leave SMs idle and each
+// warp would otherwise walk 3 or more blocks in series. Measured on the H200 (kernel-h200.md,
+// "by CTAs per tile along K", M = 1 / 8 / 16): down (K 3072, N 1024, 3 blocks a warp) 5.03 ->
+// 4.50, 5.23 -> 4.87, 6.33 -> 5.66 us at 3 CTAs; o (K 2048, 2 blocks a warp) 3.38 -> 3.65,
+// 3.65 -> 3.87, 4.51 -> 4.38 at 2: the cluster's two barriers and remote reads cost about what
+// one block in series does. A forced k_split (tests, benchmarks) is capped at 8 (the portable
+// cluster size) and at the number of 8-block groups, so every CTA has a block.
 int choose_k_split(int k_split, int tiles, int nblocks) {
   const int groups = (nblocks + kMmaWarps - 1) / kMmaWarps;
   if (k_split == 0) {
     const int sms = sm_count();
-    if (sms == 0 || tiles >= sms) return 1;
+    if (sms == 0 || tiles >= sms || groups < 3) return 1;
     k_split = (sms + tiles - 1) / tiles;
   }
   return max(1, min(k_split, min(groups, 8)));

@@ -34,27 +34,27 @@ MINILM_DIR = REPO / "models/minilm-ternary-gpu"
 LATENCY_TOKENS = 16
 SEQ_LENS = (64, 512)
 BATCHES = (1, 8, 64, 256)
-# The device calls that produced e2e-h200.json (shared/device recipe: p1, then p2 with the first).
+# The device calls that produced e2e-h200.json (shared/device recipe: p1, then p2 with the first),
+# by the session whose figures are kept.
 DEVICE_COMMANDS = [
-    "# earlier session (offline figures; its Serve attempt used a Ray 2.60 payload, which cannot serve vLLM 0.25.1):",
+    "# third session (MiniLM offline, build db8fc8e):",
     "python scripts/bench_e2e.py minilm-bf16 .e2e/minilm-bf16  # here: MiniLM as bf16, to carry",
-    "run(carry=[.carry/p2, .whl, .whl2]): bash .carry/p2/stash.sh -- bash scripts/gpu_e2e_run.sh setup kernel",
-    "run: source /root/site/activate.sh && bash scripts/gpu_e2e_run.sh prepare offline",
     "run(carry=[.e2e]): source /root/site/activate.sh && SKIP_QWEN=1 MINILM_SRC=.e2e/minilm-bf16 "
     "bash scripts/gpu_e2e_run.sh prepare minilm",
-    "# this session (kernel v4, the model again, Ray Serve):",
+    "# fourth session (Serve tp2, build b555c8c, kernel v4, one ingress replica):",
     "bash scripts/gpu_pack.sh && bash scripts/gpu_wheels.sh  # here: Ray 2.57.1 + vLLM 0.25.1 payload, .whl, .whl2",
+    "run: source /root/site/activate.sh && RAY_TMP=/tmp/ray-e2e python3 scripts/bench_serve.py --config configs/tp2.yaml "
+    "--model ternary=models/qwen3-embedding-0.6b-ternary --replicas 1 --words 16 --concurrency 1 64 --requests 3000 "
+    "--max-seconds 10 --health-timeout 300 --name serve-gpu-tp2  # = serve_tp2 with fewer levels",
+    "# fifth session (Qwen3 offline and Serve tp1, build 9ab3a14, kernel v5, ingress autoscaling 2..8):",
     "run(kind=nvidia-h200-x2, carry=[.carry/p1]): bash .carry/p1/stash.sh",
-    "run(carry=[.carry/p2, .whl, .whl2]): bash .carry/p2/stash.sh -- bash scripts/gpu_e2e_run.sh setup kernel",
-    "run: source /root/site/activate.sh && bash scripts/gpu_e2e_run.sh prepare serve1  # serve1 (both models + "
-    "reconcile) outran the 10-minute call: ternary measured, reconcile timed out, bf16 cut off; not kept",
-    "run: source /root/site/activate.sh && RAY_TMP=/tmp/ray-e2e python3 scripts/bench_serve.py --config configs/tp1.yaml "
-    "--model ternary=models/qwen3-embedding-0.6b-ternary --replicas 1 --words 16 --concurrency 1 16 64 --requests 3000 "
-    "--max-seconds 20 --health-timeout 300 --name serve-gpu-tp1-ternary  # = gpu_e2e_run.sh serve_tp1_ternary, less reconcile",
-    "run: (the same with --model bf16=models/qwen3-embedding-0.6b-bf16 --name serve-gpu-tp1-bf16)  # = serve_tp1_bf16",
-    "run: (the same with --config configs/tp2.yaml, --concurrency 1 64, --max-seconds 10, --name serve-gpu-tp2)"
-    "  # = serve_tp2, fewer levels for the device time left",
-    "python scripts/bench_e2e.py report PARTS_DIR  # here, on the files that came back",
+    "run(carry=[.carry/p2, .whl, .whl2]): bash .carry/p2/stash.sh -- bash scripts/gpu_e2e_run.sh setup kernel profile",
+    "run: source /root/site/activate.sh && bash scripts/gpu_e2e_run.sh prepare offline",
+    "run: source /root/site/activate.sh && bash scripts/gpu_e2e_run.sh serve_tp1_ternary",
+    "run: source /root/site/activate.sh && bash scripts/gpu_e2e_run.sh serve_tp1_bf16",
+    "run: (ray start --head --node-ip-address 127.0.0.1, then ray.init(address='127.0.0.1:6390') with and without "
+    "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0)  # why the live reconcile hung",
+    "python scripts/bench_e2e.py report .e2e/parts  # here, on the files that came back",
 ]
 TEXTS = ["w1 w2 w3 w4 w5 w6 w7 w8", "the a of to and in is it that for", "w10 the w11 a w12"]
 
@@ -199,6 +199,8 @@ def collect(parts: Path) -> dict:
     # serve-gpu-tp1.json, or one file per model (serve-gpu-tp1-ternary.json, ...): merged per tp
     serve_parts: dict[str, dict] = {}
     for p in sorted(parts.glob("serve-gpu-*.json")):
+        if p.stem.endswith("-reconcile"):  # bench_serve's reconcile report: already in its model's entry
+            continue
         part = json.loads(p.read_text())
         tp = p.stem.removeprefix("serve-gpu-").split("-")[0]
         shared = {k: v for k, v in part.items() if k not in ("models", "command")}  # machine, config
@@ -271,7 +273,7 @@ def markdown(r: dict) -> str:
         for a, c in zip(tern["throughput"], bf["throughput"]):
             lines.append(f"| {model} | {a['seq_len']} | {a['batch']} | {a['tokens_per_s']:,.0f} | {c['tokens_per_s']:,.0f} | "
                          f"{a['tokens_per_s'] / c['tokens_per_s']:.2f} |")
-    lines += ["", "## Ray Serve (HTTP, one replica)", "",
+    lines += ["", "## Ray Serve (HTTP, one LLM replica)", "",
               "| tp | model | concurrency | embeddings/s | p50 ms | p95 ms | p99 ms | errors |", "|---|---|---|---|---|---|---|---|"]
     for tp, part in r["serve"].items():
         for label, entry in part.get("models", {}).items():

@@ -22,11 +22,22 @@ from pathlib import Path
 DEPLOYMENT_PREFIX = "TernaryLLMServer"
 
 
+def loopback_driver(address: str) -> None:
+    """A cluster on 127.0.0.1 (scripts/serve_local.sh): keep this driver on loopback too. Without
+    RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 (scripts/env.sh sets it for the cluster) Ray rewrites
+    the driver's 127.0.0.1:PORT to the machine's interface address and waits for a GCS that is
+    not there: on the lent H200, "Failed to connect to GCS at address 192.0.2.2:6390" until the
+    watchdog fired; with it, connected in 1.4 s. An explicit setting is left alone."""
+    if address.rsplit(":", 1)[0] in ("127.0.0.1", "localhost"):
+        os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+
+
 def live(address: str, app: str | None, timeout: float, restart_bad: bool, progress: dict | None = None):
     """Ask every replica of every TernaryLLMServer deployment for its ranks' report and compare
     each with the checkpoint. `progress["step"]` says what it is doing (for a timeout's message)."""
     progress = {} if progress is None else progress
     progress["step"] = f"ray.init(address={address!r})"
+    loopback_driver(address)
     import ray
     from ray import serve
 

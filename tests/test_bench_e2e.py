@@ -26,6 +26,8 @@ def test_serve_parts_per_model_merge_per_tp_and_targets_follow(tmp_path):
         "serve-gpu-tp1-ternary.json": _serve("ternary", 20.0, 130.0),
         "serve-gpu-tp1-bf16.json": _serve("bf16", 30.0, 120.0),
         "serve-gpu-tp2.json": _serve("ternary", 25.0, 140.0),
+        # bench_serve --reconcile's own report, returned beside the parts: not a Serve part
+        "serve-gpu-tp1-ternary-ternary-reconcile.json": {"exit_code": 2, "rows": []},
         "offline-qwen3-ternary.json": _offline(100, 400, 5.0, 2000.0),
         "offline-qwen3-bf16.json": _offline(800, 1200, 6.0, 1000.0),
         "env-kernel.json": {"stage": "kernel", "gpu": "NVIDIA H200", "gpus": 2, "versions": {"vllm": "0.25.1"}},

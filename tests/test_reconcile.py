@@ -4,6 +4,7 @@ loading path, compared with slices cut independently from the checkpoint on disk
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -94,3 +95,18 @@ def test_cli_against_no_cluster_exits_2_naming_the_address(tmp_path):
     body = json.loads(report.read_text())
     assert body["exit_code"] == 2 and body["rows"] == [] and len(body["unreachable"]) == 1, body
     assert "127.0.0.1:1" in body["unreachable"][0], body
+
+
+@pytest.mark.parametrize("address,expect", [("127.0.0.1:6390", "0"), ("localhost:1", "0"), ("10.0.0.5:6379", None),
+                                            ("auto", None)])
+def test_a_loopback_address_keeps_the_driver_on_loopback(monkeypatch, address, expect):
+    """Without RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 the driver's 127.0.0.1 became the machine's
+    interface address and ray.init hung (the lent H200: 192.0.2.2:6390)."""
+    from scripts.reconcile import loopback_driver
+
+    monkeypatch.delenv("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", raising=False)
+    loopback_driver(address)
+    assert os.environ.get("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER") == expect
+    monkeypatch.setenv("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "1")  # an explicit setting is left alone
+    loopback_driver(address)
+    assert os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] == "1"
