@@ -18,6 +18,9 @@
 # 30 minutes of device time, calls back to back (the machine goes cold 30 s after a call):
 #   p1 | p2 + setup kernel | prepare serve_tp1_ternary | serve_tp1_bf16 | serve_tp2 | offline profile
 # Never put two Serve stages in one call: two engines plus the reconcile outran the 600 s limit.
+# Fifth session (same kind, calls back to back, 1558 s of device time in all): p1 32 s; p2 + setup
+# + kernel + profile 209 s; prepare offline 272 s; serve_tp1_ternary 470 s (124 s of it the
+# reconcile hanging in ray.init, fixed since); serve_tp1_bf16 333 s. serve_tp2 did not fit.
 #
 # Everything a stage measures lands in $OUT (at most 8 files come back: JSON results, a log
 # tarball); scripts/bench_e2e.py report merges them here afterwards. The parts of earlier GPU
