@@ -11,6 +11,7 @@
 #   bash scripts/gpu_e2e_run.sh serve_tp1_ternary   # Ray Serve configs/tp1.yaml, ternary, live reconcile (~5 min)
 #   bash scripts/gpu_e2e_run.sh serve_tp1_bf16      # the same for bf16 (~4.5 min; one model per call)
 #   bash scripts/gpu_e2e_run.sh serve_tp2           # configs/tp2.yaml on two GPUs (nvidia-h200-x2)
+#   bash scripts/gpu_e2e_run.sh reconcile_tp1       # tp1 ternary + the live reconcile only (~4 min)
 #   SKIP_QWEN=1 MINILM_SRC=.e2e/minilm-bf16 bash scripts/gpu_e2e_run.sh prepare minilm   # MiniLM offline
 #
 # Measured on 2026-11-30 (nvidia-h200-x2, warm start): p1 34 s; p2 + setup + kernel 130 s; prepare
@@ -153,6 +154,12 @@ stage_serve_tp1_ternary() {
 }
 stage_serve_tp1_bf16() {
   serve_bench configs/tp1.yaml serve-gpu-tp1-bf16 bf16=models/qwen3-embedding-0.6b-bf16 --concurrency 1 16 64
+}
+# the live reconciliation alone against tp1 (ternary; one 5 s level at c=1, not a part of the
+# report: its name is not serve-gpu-*), ~4 min: the proof that scripts/reconcile.py connects
+stage_reconcile_tp1() {
+  serve_bench configs/tp1.yaml reconcile-gpu-tp1 ternary=models/qwen3-embedding-0.6b-ternary \
+    --concurrency 1 --max-seconds 5 --reconcile --reconcile-timeout 60
 }
 stage_serve_tp2() {
   serve_bench configs/tp2.yaml serve-gpu-tp2 ternary=models/qwen3-embedding-0.6b-ternary --concurrency 1 16 64

@@ -27,7 +27,8 @@ def loopback_driver(address: str) -> None:
     RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 (scripts/env.sh sets it for the cluster) Ray rewrites
     the driver's 127.0.0.1:PORT to the machine's interface address and waits for a GCS that is
     not there: on the lent H200, "Failed to connect to GCS at address 192.0.2.2:6390" until the
-    watchdog fired; with it, connected in 1.4 s. An explicit setting is left alone."""
+    watchdog fired; with it, connected in 1.4 s. An explicit setting is left alone. Must run
+    before ray is first imported: ray_constants reads the variable at import."""
     if address.rsplit(":", 1)[0] in ("127.0.0.1", "localhost"):
         os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 

@@ -110,3 +110,13 @@ def test_a_loopback_address_keeps_the_driver_on_loopback(monkeypatch, address, e
     monkeypatch.setenv("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "1")  # an explicit setting is left alone
     loopback_driver(address)
     assert os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] == "1"
+
+
+def test_ray_is_not_imported_before_the_driver_setting():
+    """ray_constants reads RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER when ray is first imported, so
+    nothing reconcile.py imports before live() may import ray."""
+    code = ("import sys; import scripts.reconcile; import ternary_plugin.reconcile; "
+            "print(sorted(m for m in sys.modules if m == 'ray' or m.startswith('ray.')))")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip() == "[]", proc.stdout
