@@ -149,6 +149,17 @@ def bench_shape(name, k, n, m, l2_bytes, replays, bs=128):
     return row
 
 
+def _by_table(rows: list, key: str, cols: tuple, title: str) -> list:
+    """One table of a row field that maps a tile choice to its time (rows without it left out)."""
+    rows = [r for r in rows if r.get(key)]
+    if not rows:
+        return []
+    lines = ["", title, "", "| shape | M | " + " | ".join(cols) + " |", "|---|---|" + "---|" * len(cols)]
+    for r in rows:
+        lines.append(f"| {r['shape']} | {r['M']} | " + " | ".join(str(r[key][c]) for c in cols) + " |")
+    return lines
+
+
 def markdown(result: dict) -> str:
     lines = [
         f"# Ternary GEMM on {result['gpu']}",
@@ -171,21 +182,11 @@ def markdown(result: dict) -> str:
             f"{r['dequant_us']} | {r.get('mma_us') or '-'} | {r.get('gemv_us') or '-'} | {r['speedup_vs_cublas']}x | {r['ternary_GBps']} | {r['ternary_TFLOPs']} | "
             f"{r['cublas_TFLOPs']} | {r['floor_us']} |"
         )
-    by_rows = [r for r in result["rows"] if r.get("mma_us_by_rows_per_cta")]
-    if by_rows:
-        lines += ["", "Tensor-core kernel by W rows per CTA (us; auto = the tensor-core us column):", "",
-                  "| shape | M | 16 | 32 | 64 |", "|---|---|---|---|---|"]
-        for r in by_rows:
-            t = r["mma_us_by_rows_per_cta"]
-            lines.append(f"| {r['shape']} | {r['M']} | {t['16']} | {t['32']} | {t['64']} |")
-    by_split = [r for r in result["rows"] if r.get("mma_us_by_k_split")]
-    if by_split:
-        lines += ["", "Tensor-core kernel by CTAs per tile along K (us; a thread-block cluster; 1 = one CTA "
-                  "per tile as in v4; auto chooses by SM count and K):", "",
-                  "| shape | M | 1 | 2 | 3 | 4 |", "|---|---|---|---|---|---|"]
-        for r in by_split:
-            t = r["mma_us_by_k_split"]
-            lines.append(f"| {r['shape']} | {r['M']} | {t['1']} | {t['2']} | {t['3']} | {t['4']} |")
+    lines += _by_table(result["rows"], "mma_us_by_rows_per_cta", ("16", "32", "64"),
+                       "Tensor-core kernel by W rows per CTA (us; auto = the tensor-core us column):")
+    lines += _by_table(result["rows"], "mma_us_by_k_split", ("1", "2", "3", "4"),
+                       "Tensor-core kernel by CTAs per tile along K (us; a thread-block cluster; 1 = one CTA per "
+                       "tile as in v4; auto chooses by SM count and K):")
     deq = [r for r in result["rows"] if r.get("dequant_only_us")]
     if deq:
         lines += ["", "Large M: the dequantize kernel alone (us; the bf16 copy of the layer it writes) against the "

@@ -1,0 +1,25 @@
+"""bench_kernel's markdown report, from a result like the GPU run writes (no GPU needed)."""
+
+from __future__ import annotations
+
+from scripts.bench_kernel import markdown
+
+
+def _row(shape, m, ternary, cublas, **extra):
+    return {"shape": shape, "M": m, "K": 3072, "N": 1024, "ternary_us": ternary, "cublas_bf16_us": cublas,
+            "dequant_us": 9.0, "mma_us": ternary, "gemv_us": None, "speedup_vs_cublas": round(cublas / ternary, 3),
+            "ternary_GBps": 1.0, "ternary_TFLOPs": 1.0, "cublas_TFLOPs": 1.0, "floor_us": 0.2, **extra}
+
+
+def test_report_tables_follow_the_rows():
+    result = {"gpu": "NVIDIA H200", "torch": "2.11", "cuda": "13.0", "command": "python scripts/bench_kernel.py",
+              "ceilings": {"copy_TBps": 2.7, "bf16_matmul_8192_TFLOPs": 790.0},
+              "rows": [_row("down", 1, 4.5, 9.0, mma_us_by_rows_per_cta={"16": 4.5, "32": 6.7, "64": 9.7},
+                            mma_us_by_k_split={"1": 5.03, "2": 5.03, "3": 4.5, "4": 4.53}),
+                       _row("down", 4096, 40.0, 36.0, dequant_only_us=3.1)]}
+    md = markdown(result)
+    assert "| down | 1 | 4.5 | 6.7 | 9.7 |" in md
+    assert "| down | 1 | 5.03 | 5.03 | 4.5 | 4.53 |" in md
+    assert "| down | 4096 | 3.1 | 4.0 |" in md
+    assert "Geometric-mean speed-up at M <= 16 over the four full shapes: 2.00x." in md
+    assert "Worst ratio to cuBLAS at M >= 4096: 0.90x." in md
