@@ -203,7 +203,8 @@ def collect(parts: Path) -> dict:
             continue
         part = json.loads(p.read_text())
         tp = p.stem.removeprefix("serve-gpu-").split("-")[0]
-        shared = {k: v for k, v in part.items() if k not in ("models", "command")}  # machine, config
+        # machine, config, and "label_note" where a part is annotated (e.g. from an earlier session)
+        shared = {k: v for k, v in part.items() if k not in ("models", "command")}
         merged = serve_parts.setdefault(tp, {**shared, "models": {}, "commands": []})
         merged["models"].update(part.get("models", {}))
         merged["commands"].append(part.get("command"))
@@ -276,6 +277,7 @@ def markdown(r: dict) -> str:
     lines += ["", "## Ray Serve (HTTP, one LLM replica)", "",
               "| tp | model | concurrency | embeddings/s | p50 ms | p95 ms | p99 ms | errors |", "|---|---|---|---|---|---|---|---|"]
     for tp, part in r["serve"].items():
+        tp = f"{tp} ({part['label_note']})" if part.get("label_note") else tp
         for label, entry in part.get("models", {}).items():
             for lv in entry.get("levels", []):
                 lines.append(f"| {tp} | {label} | {lv['concurrency']} | {lv['embeddings_per_s']} | {lv['latency_p50_ms']} | "
@@ -320,8 +322,9 @@ def plot(r: dict, path: Path) -> None:
     for tp, part in r["serve"].items():
         for label, entry in part.get("models", {}).items():
             lv = entry.get("levels", [])
+            note = f" ({part['label_note']})" if part.get("label_note") else ""
             ax.plot([x["concurrency"] for x in lv], [x["embeddings_per_s"] for x in lv], "-o" if label == "ternary" else "--s",
-                    label=f"{label} {tp}")
+                    label=f"{label} {tp}{note}")
     if r["serve"]:
         ax.set(xscale="log", xlabel="concurrent requests", ylabel="embeddings/s", title="Ray Serve, 16-token inputs")
         ax.legend(fontsize=8)

@@ -25,7 +25,7 @@ def test_serve_parts_per_model_merge_per_tp_and_targets_follow(tmp_path):
     files = {
         "serve-gpu-tp1-ternary.json": _serve("ternary", 20.0, 130.0),
         "serve-gpu-tp1-bf16.json": _serve("bf16", 30.0, 120.0),
-        "serve-gpu-tp2.json": _serve("ternary", 25.0, 140.0),
+        "serve-gpu-tp2.json": {**_serve("ternary", 25.0, 140.0), "label_note": "earlier session"},
         # bench_serve --reconcile's own report, returned beside the parts: not a Serve part
         "serve-gpu-tp1-ternary-ternary-reconcile.json": {"exit_code": 2, "rows": []},
         "offline-qwen3-ternary.json": _offline(100, 400, 5.0, 2000.0),
@@ -44,7 +44,7 @@ def test_serve_parts_per_model_merge_per_tp_and_targets_follow(tmp_path):
     assert r["targets"]["linear_bytes_ratio (<= 1/7 = 0.1429)"] == 0.125
     assert r["gpu"] == "NVIDIA H200" and r["gpus"] == 2
     md = markdown(r)
-    assert "| tp1 | ternary | 64 | 130.0 |" in md and "| tp2 | ternary | 1 | 40.0 | 25.0 |" in md
+    assert "| tp1 | ternary | 64 | 130.0 |" in md and "| tp2 (earlier session) | ternary | 1 | 40.0 | 25.0 |" in md
     assert "| qwen3 | 64 | 8 | 2,000 | 1,000 | 2.00 |" in md
 
 
