@@ -98,7 +98,7 @@ PATH_SHAPES = [
     (12, 40, 700, 128, 256, "block_size 256, shard starting half way into a block"),
     (3, 96, 502, 118, 128, "k_offset inside a block: not for the tensor-core kernel"),
     (3, 1, 2176, 0, 128, "N = 1: the other rows of a tile read row 0 and are never stored; 17 blocks"),
-    (1, 1024, 2048, 0, 128, "o_proj at M = 1: auto split-K over a 2-CTA cluster"),
+    (1, 1024, 2048, 0, 128, "o_proj at M = 1: 2 blocks a warp, auto keeps one CTA a tile"),
     (16, 1000, 3000, 0, 128, "down-like, N % 16 != 0, K ends inside a block: 3-CTA cluster"),
     (5, 200, 4100, 0, 128, "33 blocks, 5 groups of 8: clusters up to 5 CTAs, the last CTA's group short"),
 ]
