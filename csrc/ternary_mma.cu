@@ -12,7 +12,9 @@
 // of one packed byte: physical k = 32t + 4s .. 32t + 4s + 3 of the block. So per block a thread
 // reads 8 consecutive code bytes per W row (one 8-byte load) and 32 consecutive activations per
 // token (64 bytes), and every step's 16 columns lie inside one 128-weight block: the block's sum
-// is finished in fp32 and multiplied by the block's fp16 scale once.
+// is finished in fp32 and multiplied by the block's fp16 scale once. With 64-weight units
+// (k_unit 64, an experiment, not dispatched by default) the same with k = 16t + 4s, 4 steps, a
+// 4-byte code load and 16 activations per token: each unit still lies inside one scale block.
 //
 // Decode (no table, no branch): a byte b of four codes is copied to both halves of a 32-bit word
 // W = b | b << 16. For the pair (w0, w1): lo half keeps bit 0 (w0's low code bit), hi half bit 2
@@ -46,7 +48,11 @@ namespace ternary {
 namespace {
 
 constexpr int kMmaWarps = 8;
-constexpr int kKBlock = 128;  // weights per MMA block (8 steps of k16)
+// Weights of K per unit of work (U): 128 (a scale block, 8 mma steps of k16; the default) or 64
+// (half a block, 4 steps, for shards starting 64 weights into a block and as an experiment:
+// twice the units, each half the dependent chain per warp; see docs/kernel_notes.md, v6).
+// Thread t takes the U/4 consecutive weights [U/4 t, U/4 (t+1)) of a unit: U/16 code bytes of
+// each row and U/4 activations of each token.
 
 // Per dtype: the packed pair type, and exponents whose ulp is mantissa bit 0 / 2 (pair 0) and
 // bit 4 / 6 (pair 1), lo | hi << 16 (the decode below).
@@ -90,45 +96,49 @@ __device__ __forceinline__ void decode_byte(uint32_t word, int k, uint32_t& lo, 
   hi = sub2<T>((w & 0x00400010u) | MmaTraits<T>::kMagic1, (w1 & 0x00400010u) | MmaTraits<T>::kMagic1);
 }
 
-// 32 activations x[k0 .. k0+32) of one token as 16 packed pairs; positions >= K read as 0.
-// One test for the whole 32 (tests per 8, through load8 alone, cost up to 22 registers); the
+// U/4 activations x[k0 .. k0 + U/4) of one token as U/8 packed pairs; positions >= K read as 0.
+// One test for the whole run (tests per 8, through load8 alone, cost up to 22 registers); the
 // tail goes through load8's zero-filling path.
-template <typename T>
-__device__ __forceinline__ void load_x32(const T* __restrict__ x, int k0, int K, bool vec_ok, uint32_t out[16]) {
-  uint4 v[4];
-  if (vec_ok && k0 + 32 <= K) {
+template <typename T, int U>
+__device__ __forceinline__ void load_x(const T* __restrict__ x, int k0, int K, bool vec_ok, uint32_t out[U / 8]) {
+  constexpr int kVecs = U / 32;  // 16-byte loads
+  uint4 v[kVecs];
+  if (vec_ok && k0 + U / 4 <= K) {
 #pragma unroll
-    for (int j = 0; j < 4; ++j) v[j] = __ldg(reinterpret_cast<const uint4*>(x + k0) + j);
+    for (int j = 0; j < kVecs; ++j) v[j] = __ldg(reinterpret_cast<const uint4*>(x + k0) + j);
   } else {
 #pragma unroll
-    for (int j = 0; j < 4; ++j) v[j] = load8(x, k0 + 8 * j, K, false);
+    for (int j = 0; j < kVecs; ++j) v[j] = load8(x, k0 + 8 * j, K, false);
   }
 #pragma unroll
-  for (int j = 0; j < 4; ++j) {
+  for (int j = 0; j < kVecs; ++j) {
     out[4 * j] = v[j].x; out[4 * j + 1] = v[j].y; out[4 * j + 2] = v[j].z; out[4 * j + 3] = v[j].w;
   }
 }
 
-// One 128-weight block's weights for one thread: 8 code bytes of each of its 2R W rows and
-// their fp16 scales (raw bits, converted where used).
+// One unit's weights for one thread: U/16 code bytes (8: .x and .y; 4: .x) of each of its 2R W
+// rows and their fp16 scales (raw bits, converted where used).
 template <int R>
 struct WeightStage {
   uint2 codes[R][2];
   unsigned short sbits[R][2];
 };
 
-template <int R>
+template <int R, int U>
 __device__ __forceinline__ void load_weights(WeightStage<R>& st, const uint8_t* const (&prow)[R][2],
                                              const unsigned short* const (&srow)[R][2], int b, int t, int ldp,
                                              int block_size, int k_offset) {
-  const int byte0 = b * (kKBlock / 4) + 8 * t;           // this thread's 8 code bytes of each row
-  const bool codes_ok = byte0 < ldp;                     // ldp % 8 == 0: then byte0 + 8 <= ldp
-  const int sb = (b * kKBlock + k_offset) / block_size;  // the block's scale column
+  const int byte0 = b * (U / 4) + (U / 16) * t;  // this thread's code bytes of each row
+  const bool codes_ok = byte0 < ldp;             // ldp % 8 == 0, byte0 % (U/16) == 0: the load fits
+  const int sb = (b * U + k_offset) / block_size;  // the unit's scale column (a unit is inside a block)
 #pragma unroll
   for (int r = 0; r < R; ++r)
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      st.codes[r][h] = codes_ok ? __ldg(reinterpret_cast<const uint2*>(prow[r][h] + byte0)) : make_uint2(0u, 0u);
+      if constexpr (U == 128)
+        st.codes[r][h] = codes_ok ? __ldg(reinterpret_cast<const uint2*>(prow[r][h] + byte0)) : make_uint2(0u, 0u);
+      else
+        st.codes[r][h] = make_uint2(codes_ok ? __ldg(reinterpret_cast<const uint32_t*>(prow[r][h] + byte0)) : 0u, 0u);
       st.sbits[r][h] = __ldg(srow[r][h] + sb);
     }
 }
@@ -144,7 +154,8 @@ __device__ __forceinline__ void zero_tiles(float (&c)[R][NT][4]) {
 }
 
 // kSplit: the CTAs of a cluster along grid.z share the tile's K (gridDim.z = cluster size).
-template <typename T, int R, int NT, bool kSplit>
+// U: weights of K per unit of work (128 or 64, above).
+template <typename T, int R, int NT, bool kSplit, int U>
 __global__ void __launch_bounds__(kMmaWarps * 32)
 ternary_mma_kernel(const T* __restrict__ x,            // [M, K]
                    const uint8_t* __restrict__ packed,  // [N, ldp], ldp % 8 == 0
@@ -156,7 +167,7 @@ ternary_mma_kernel(const T* __restrict__ x,            // [M, K]
   const int g = lane / 4, t = lane % 4;
   const int n0 = blockIdx.x * 16 * R;
   const int m0 = blockIdx.y * 8 * NT;
-  const int nblocks = (K + kKBlock - 1) / kKBlock;
+  const int nblocks = (K + U - 1) / U;  // units ("blocks" below)
   const bool vec_ok = rows_vec_ok(x, K);
   // this warp's first block and the stride between its blocks (all warps of the cluster)
   const int first = (kSplit ? blockIdx.z * kMmaWarps : 0) + warp;
@@ -189,19 +200,19 @@ ternary_mma_kernel(const T* __restrict__ x,            // [M, K]
   // current one. The activations (the same for every CTA, so from L2) are loaded per block:
   // prefetching them too cost 35-65 more registers at NT = 2 and 4.
   WeightStage<R> cur, nxt;
-  if (first < nblocks) load_weights<R>(cur, prow, srow, first, t, ldp, block_size, k_offset);
+  if (first < nblocks) load_weights<R, U>(cur, prow, srow, first, t, ldp, block_size, k_offset);
   for (int b = first; b < nblocks; b += stride) {
-    if (b + stride < nblocks) load_weights<R>(nxt, prow, srow, b + stride, t, ldp, block_size, k_offset);
-    uint32_t xf[NT][16];
+    if (b + stride < nblocks) load_weights<R, U>(nxt, prow, srow, b + stride, t, ldp, block_size, k_offset);
+    uint32_t xf[NT][U / 8];
 #pragma unroll
-    for (int j = 0; j < NT; ++j) load_x32<T>(xrow[j], b * kKBlock + 32 * t, K, vec_ok, xf[j]);
+    for (int j = 0; j < NT; ++j) load_x<T, U>(xrow[j], b * U + (U / 4) * t, K, vec_ok, xf[j]);
     const auto& codes = cur.codes;
     const auto& sbits = cur.sbits;
 
     float blk[R][NT][4];
     zero_tiles(blk);
 #pragma unroll
-    for (int st = 0; st < 8; ++st) {  // step st: byte st of each row's 8, activations 4st .. 4st+3
+    for (int st = 0; st < U / 16; ++st) {  // step st: code byte st of each row, activations 4st .. 4st+3
 #pragma unroll
       for (int r = 0; r < R; ++r) {
         uint32_t a[4];
@@ -321,12 +332,12 @@ int choose_k_split(int k_split, int tiles, int nblocks) {
   return max(1, min(k_split, min(groups, 8)));
 }
 
-template <typename T, int R, int NT>
+template <typename T, int R, int NT, int U>
 cudaError_t launch_mma_nt(const T* x, const uint8_t* packed, const __half* scale, const T* bias, T* y, int M, int N,
                           int K, int ldp, int lds, int block_size, int k_offset, int k_split, cudaStream_t stream) {
   const dim3 grid((N + 16 * R - 1) / (16 * R), (M + 8 * NT - 1) / (8 * NT));
-  const int ks = choose_k_split(k_split, grid.x * grid.y, (K + kKBlock - 1) / kKBlock);
-  if (ks > 1 && split_ok(ternary_mma_kernel<T, R, NT, true>)) {
+  const int ks = choose_k_split(k_split, grid.x * grid.y, (K + U - 1) / U);
+  if (ks > 1 && split_ok(ternary_mma_kernel<T, R, NT, true, U>)) {
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = dim3(grid.x, grid.y, ks);
     cfg.blockDim = dim3(kMmaWarps * 32);
@@ -339,15 +350,15 @@ cudaError_t launch_mma_nt(const T* x, const uint8_t* packed, const __half* scale
     attr[0].val.clusterDim.z = ks;
     cfg.attrs = attr;
     cfg.numAttrs = 1;
-    return cudaLaunchKernelEx(&cfg, ternary_mma_kernel<T, R, NT, true>, x, packed, scale, bias, y, M, N, K, ldp, lds,
-                              block_size, k_offset);
+    return cudaLaunchKernelEx(&cfg, ternary_mma_kernel<T, R, NT, true, U>, x, packed, scale, bias, y, M, N, K, ldp,
+                              lds, block_size, k_offset);
   }
-  ternary_mma_kernel<T, R, NT, false><<<grid, kMmaWarps * 32, 0, stream>>>(x, packed, scale, bias, y, M, N, K, ldp,
-                                                                           lds, block_size, k_offset);
+  ternary_mma_kernel<T, R, NT, false, U><<<grid, kMmaWarps * 32, 0, stream>>>(x, packed, scale, bias, y, M, N, K,
+                                                                              ldp, lds, block_size, k_offset);
   return cudaGetLastError();
 }
 
-template <typename T, int R>
+template <typename T, int R, int U = 128>
 cudaError_t launch_mma_r(const void* x, const uint8_t* packed, const __half* scale, const void* bias, void* y, int M,
                          int N, int K, int ldp, int lds, int block_size, int k_offset, int k_split,
                          cudaStream_t stream) {
@@ -358,17 +369,23 @@ cudaError_t launch_mma_r(const void* x, const uint8_t* packed, const __half* sca
   // over token tiles in grid.y (re-reading the codes, from L2 at these sizes).
   constexpr int kMaxNT = R >= 4 ? 2 : 4;
   if (M <= 8)
-    return launch_mma_nt<T, R, 1>(xt, packed, scale, bt, yt, M, N, K, ldp, lds, block_size, k_offset, k_split, stream);
-  if (M <= 16 || kMaxNT == 2)
-    return launch_mma_nt<T, R, 2>(xt, packed, scale, bt, yt, M, N, K, ldp, lds, block_size, k_offset, k_split, stream);
-  return launch_mma_nt<T, R, kMaxNT>(xt, packed, scale, bt, yt, M, N, K, ldp, lds, block_size, k_offset, k_split,
+    return launch_mma_nt<T, R, 1, U>(xt, packed, scale, bt, yt, M, N, K, ldp, lds, block_size, k_offset, k_split,
                                      stream);
+  if (M <= 16 || kMaxNT == 2)
+    return launch_mma_nt<T, R, 2, U>(xt, packed, scale, bt, yt, M, N, K, ldp, lds, block_size, k_offset, k_split,
+                                     stream);
+  return launch_mma_nt<T, R, kMaxNT, U>(xt, packed, scale, bt, yt, M, N, K, ldp, lds, block_size, k_offset, k_split,
+                                        stream);
 }
 
 template <typename T>
 cudaError_t launch_mma_t(const void* x, const uint8_t* packed, const __half* scale, const void* bias, void* y, int M,
                          int N, int K, int ldp, int lds, int block_size, int k_offset, int rows_per_cta, int k_split,
-                         cudaStream_t stream) {
+                         int k_unit, cudaStream_t stream) {
+  if (k_unit == 64) {  // 16 rows per CTA only (the tile that won at 128; fewer instantiations)
+    if (rows_per_cta != 16) return cudaErrorInvalidValue;
+    return launch_mma_r<T, 1, 64>(x, packed, scale, bias, y, M, N, K, ldp, lds, block_size, k_offset, k_split, stream);
+  }
   switch (rows_per_cta) {
     case 16:
       return launch_mma_r<T, 1>(x, packed, scale, bias, y, M, N, K, ldp, lds, block_size, k_offset, k_split, stream);
@@ -387,14 +404,17 @@ cudaError_t launch_mma_t(const void* x, const uint8_t* packed, const __half* sca
 // earlier rule (32 rows once N / 32 >= the SM count) cost gate_up 11 % (4.29 vs 4.80 us at M = 1);
 // qkv at M = 8, 16 is the exception (32 rows 4-8 % faster), 64 rows never won.
 // k_split: CTAs per tile along K (a cluster); 0 = auto (choose_k_split), 1 = none.
+// k_unit: weights of K per unit of work, 128 (auto, 0) or 64 (needs block_size and k_offset
+// multiples of 64; 16 rows per CTA).
 cudaError_t launch_mma(bool bf16, const void* x, const uint8_t* packed, const __half* scale, const void* bias, void* y,
                        int M, int N, int K, int ldp, int lds, int block_size, int k_offset, int rows_per_cta,
-                       int k_split, cudaStream_t stream) {
+                       int k_split, int k_unit, cudaStream_t stream) {
   if (rows_per_cta == 0) rows_per_cta = 16;
+  if (k_unit == 0) k_unit = 128;
   return bf16 ? launch_mma_t<__nv_bfloat16>(x, packed, scale, bias, y, M, N, K, ldp, lds, block_size, k_offset,
-                                            rows_per_cta, k_split, stream)
+                                            rows_per_cta, k_split, k_unit, stream)
               : launch_mma_t<__half>(x, packed, scale, bias, y, M, N, K, ldp, lds, block_size, k_offset, rows_per_cta,
-                                     k_split, stream);
+                                     k_split, k_unit, stream);
 }
 
 }  // namespace ternary

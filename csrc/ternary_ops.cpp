@@ -15,7 +15,7 @@ cudaError_t launch_dequant(bool bf16, const uint8_t* packed, const __half* scale
                            int lds, int block_size, int k_offset, cudaStream_t stream);
 cudaError_t launch_mma(bool bf16, const void* x, const uint8_t* packed, const __half* scale, const void* bias, void* y,
                        int M, int N, int K, int ldp, int lds, int block_size, int k_offset, int rows_per_cta,
-                       int k_split, cudaStream_t stream);
+                       int k_split, int k_unit, cudaStream_t stream);
 }  // namespace ternary
 
 namespace {
@@ -79,7 +79,7 @@ torch::Tensor gemm_path(const torch::Tensor& x,       // [M, K] bf16/fp16
                         const torch::Tensor& scale,   // [N, lds] fp16
                         const std::optional<torch::Tensor>& bias,  // [N] x.dtype
                         int64_t block_size, int64_t k_offset, int64_t path, int64_t rows_per_cta,
-                        int64_t k_split) {
+                        int64_t k_split, int64_t k_unit) {
   CHECK_ARG(x.is_cuda() && packed.is_cuda() && scale.is_cuda(), "x, packed and scale must be CUDA tensors");
   CHECK_ARG(x.dim() == 2, "x must be 2-D [M, K], got ", x.sizes());
   CHECK_ARG(x.scalar_type() == at::kBFloat16 || x.scalar_type() == at::kHalf, "x must be bf16 or fp16, got ",
@@ -108,16 +108,20 @@ torch::Tensor gemm_path(const torch::Tensor& x,       // [M, K] bf16/fp16
   CHECK_ARG(rows_per_cta == 0 || rows_per_cta == 16 || rows_per_cta == 32 || rows_per_cta == 64,
             "rows_per_cta must be 0 (auto), 16, 32 or 64, got ", rows_per_cta);
   CHECK_ARG(k_split >= 0 && k_split <= 8, "k_split must be 0 (auto) or 1..8 CTAs per tile along K, got ", k_split);
+  CHECK_ARG(k_unit == 0 || k_unit == 128 || (k_unit == 64 && (rows_per_cta == 0 || rows_per_cta == 16)),
+            "k_unit must be 0 (auto = 128), 128, or 64 (with rows_per_cta 0 or 16), got ", k_unit, " with rows_per_cta ",
+            rows_per_cta);
+  const int64_t unit = k_unit == 0 ? 128 : k_unit;  // weights of K per unit of the tensor-core kernel
   // The fused kernels load 8 code bytes at a time: rows padded to 8 bytes, 8-byte aligned.
   const bool rows_padded = ldp % 8 == 0 && reinterpret_cast<uintptr_t>(packed.data_ptr()) % 8 == 0;
-  const bool mma_ok = rows_padded && block_size % 128 == 0 && k_offset % 128 == 0;
+  const bool mma_ok = rows_padded && block_size % unit == 0 && k_offset % unit == 0;
   if (path == kAuto) {
     path = (mma_ok && M <= mma_max_m()) ? kMma : (rows_padded && M <= gemv_max_m()) ? kGemv : kDequant;
   }
   CHECK_ARG(path == kDequant || rows_padded, "the fused kernels need rows padded to a multiple of 8 bytes (ldp=",
             ldp, ", K=", K, "): use ternary_plugin.ops.pad_packed_rows");
-  CHECK_ARG(path != kMma || mma_ok, "the tensor-core kernel needs block_size and k_offset multiples of 128, got ",
-            block_size, " and ", k_offset);
+  CHECK_ARG(path != kMma || mma_ok, "the tensor-core kernel needs block_size and k_offset multiples of ", unit,
+            ", got ", block_size, " and ", k_offset);
 
   const at::cuda::OptionalCUDAGuard guard(x.device());
   auto y = torch::empty({M, N}, x.options());
@@ -131,7 +135,7 @@ torch::Tensor gemm_path(const torch::Tensor& x,       // [M, K] bf16/fp16
   if (path == kMma) {
     check_cuda_error(ternary::launch_mma(bf16, x.data_ptr(), packed.data_ptr<uint8_t>(), scale_ptr, bias_ptr,
                                          y.data_ptr(), M, N, K, ldp, lds, block_size, k_offset, rows_per_cta, k_split,
-                                         stream),
+                                         unit, stream),
                      "ternary_mma_kernel launch", M, N, K);
     return y;
   }
@@ -155,7 +159,7 @@ torch::Tensor gemm_path(const torch::Tensor& x,       // [M, K] bf16/fp16
 
 torch::Tensor gemm(const torch::Tensor& x, const torch::Tensor& packed, const torch::Tensor& scale,
                    const std::optional<torch::Tensor>& bias, int64_t block_size, int64_t k_offset) {
-  return gemm_path(x, packed, scale, bias, block_size, k_offset, kAuto, 0, 0);
+  return gemm_path(x, packed, scale, bias, block_size, k_offset, kAuto, 0, 0, 0);
 }
 
 // W [N, K] in `dtype` (bf16/fp16): the large-M path's first half, exposed for benchmarks.
@@ -186,11 +190,12 @@ torch::Tensor dequantize(const torch::Tensor& packed, const torch::Tensor& scale
 
 TORCH_LIBRARY(ternary_serve, m) {
   m.def("gemm(Tensor x, Tensor packed, Tensor scale, Tensor? bias, int block_size, int k_offset) -> Tensor");
-  // One kernel forced (path 1 gemv, 2 tensor-core, 3 dequantize + cuBLAS; rows_per_cta and
-  // k_split, the tensor-core kernel's W rows per CTA and CTAs per tile along K, 0 = auto): for
-  // tests and benchmarks; gemm is path 0, chosen by M, with both tile choices automatic.
+  // One kernel forced (path 1 gemv, 2 tensor-core, 3 dequantize + cuBLAS; rows_per_cta, k_split
+  // and k_unit, the tensor-core kernel's W rows per CTA, CTAs per tile along K and weights of K
+  // per unit of work, 0 = auto): for tests and benchmarks; gemm is path 0, chosen by M, with
+  // every tile choice automatic.
   m.def("gemm_path(Tensor x, Tensor packed, Tensor scale, Tensor? bias, int block_size, int k_offset, int path, "
-        "int rows_per_cta, int k_split=0) -> Tensor");
+        "int rows_per_cta, int k_split=0, int k_unit=0) -> Tensor");
   m.def("dequantize(Tensor packed, Tensor scale, int K, int block_size, int k_offset, ScalarType dtype) -> Tensor");
 }
 

@@ -105,9 +105,9 @@ def bench_shape(name, k, n, m, l2_bytes, replays, bs=128):
     def cublas(i):
         return lambda: torch.mm(xs[i % len(xs)], ws[i].t())
 
-    def path(i, p, rows=0, k_split=0):
+    def path(i, p, rows=0, k_split=0, k_unit=0):
         return lambda: torch.ops.ternary_serve.gemm_path(xs[i % len(xs)], packs[i], scales[i], None, bs, 0, p, rows,
-                                                         k_split)
+                                                         k_split, k_unit)
 
     def deq(i):
         return lambda: torch.mm(xs[i % len(xs)], torch.ops.ternary_serve.dequantize(packs[i], scales[i], k, bs, 0, torch.bfloat16).t())
@@ -126,6 +126,18 @@ def bench_shape(name, k, n, m, l2_bytes, replays, bs=128):
     # has more blocks than a CTA has warps (o, down)
     mma_split = {str(ks): round(time_graph([path(i, 2, 0, ks) for i in range(copies_t)], replays), 3)
                  for ks in (1, 2, 3, 4)} if m <= 32 and k > 1024 else None
+    # the experiment of 64-weight units (twice the units, half the chain per warp; k_split 2
+    # gives K = 1024 one unit a warp on 2x the CTAs), checked first: a wrong result is recorded,
+    # not timed, and does not stop the run
+    mma64, mma64_error = None, None
+    if m <= 32:
+        y = torch.ops.ternary_serve.gemm_path(xs[0], packs[0], scales[0], None, bs, 0, 2, 0, 0, 64)
+        err = float((y.double() - ref).norm() / ref.norm())
+        if err < 1e-2:
+            mma64 = {str(ks): round(time_graph([path(i, 2, 0, ks, 64) for i in range(copies_t)], replays), 3)
+                     for ks in (1, 2, 3)}
+        else:
+            mma64_error = f"relative error {err:.3e}"
     # the large-M path's first half alone: how much of the gap to cuBLAS the dequantize is
     t_deq_only = time_graph([lambda i=i: torch.ops.ternary_serve.dequantize(packs[i], scales[i], k, bs, 0,
                                                                             torch.bfloat16)
@@ -137,6 +149,7 @@ def bench_shape(name, k, n, m, l2_bytes, replays, bs=128):
         "ternary_us": round(t_tern, 3), "cublas_bf16_us": round(t_cub, 3), "dequant_us": round(t_deq, 3),
         "mma_us": None if t_mma is None else round(t_mma, 3), "gemv_us": None if t_gemv is None else round(t_gemv, 3),
         "mma_us_by_rows_per_cta": mma_rows, "mma_us_by_k_split": mma_split,
+        "mma64_us_by_k_split": mma64, "mma64_error": mma64_error,
         "dequant_only_us": None if t_deq_only is None else round(t_deq_only, 3),
         "speedup_vs_cublas": round(t_cub / t_tern, 3),
         "ternary_GBps": round((tern_bytes + io) / (t_tern * 1e-6) / 1e9, 1),
@@ -187,6 +200,12 @@ def markdown(result: dict) -> str:
     lines += _by_table(result["rows"], "mma_us_by_k_split", ("1", "2", "3", "4"),
                        "Tensor-core kernel by CTAs per tile along K (us; a thread-block cluster; 1 = one CTA per "
                        "tile as in v4; auto chooses by SM count and K):")
+    lines += _by_table(result["rows"], "mma64_us_by_k_split", ("1", "2", "3"),
+                       "Experiment, 64-weight units (not dispatched; us by CTAs per tile along K; compare with the "
+                       "tensor-core us column):")
+    wrong = [f"64-weight units WRONG at {r['shape']} M={r['M']}: {r['mma64_error']}" for r in result["rows"]
+             if r.get("mma64_error")]
+    lines += [""] + wrong if wrong else []
     deq = [r for r in result["rows"] if r.get("dequant_only_us")]
     if deq:
         lines += ["", "Large M: the dequantize kernel alone (us; the bf16 copy of the layer it writes) against the "

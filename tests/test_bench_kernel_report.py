@@ -15,11 +15,15 @@ def test_report_tables_follow_the_rows():
     result = {"gpu": "NVIDIA H200", "torch": "2.11", "cuda": "13.0", "command": "python scripts/bench_kernel.py",
               "ceilings": {"copy_TBps": 2.7, "bf16_matmul_8192_TFLOPs": 790.0},
               "rows": [_row("down", 1, 4.5, 9.0, mma_us_by_rows_per_cta={"16": 4.5, "32": 6.7, "64": 9.7},
-                            mma_us_by_k_split={"1": 5.03, "2": 5.03, "3": 4.5, "4": 4.53}),
+                            mma_us_by_k_split={"1": 5.03, "2": 5.03, "3": 4.5, "4": 4.53},
+                            mma64_us_by_k_split={"1": 4.9, "2": 4.1, "3": 4.2}),
+                       _row("o", 8, 3.6, 5.9, mma64_error="relative error 1.000e+00"),
                        _row("down", 4096, 40.0, 36.0, dequant_only_us=3.1)]}
     md = markdown(result)
     assert "| down | 1 | 4.5 | 6.7 | 9.7 |" in md
     assert "| down | 1 | 5.03 | 5.03 | 4.5 | 4.53 |" in md
     assert "| down | 4096 | 3.1 | 4.0 |" in md
-    assert "Geometric-mean speed-up at M <= 16 over the four full shapes: 2.00x." in md
+    assert "| down | 1 | 4.9 | 4.1 | 4.2 |" in md
+    assert "64-weight units WRONG at o M=8: relative error 1.000e+00" in md
+    assert "Geometric-mean speed-up at M <= 16 over the four full shapes: 1.81x." in md  # 2.0 and 5.9/3.6
     assert "Worst ratio to cuBLAS at M >= 4096: 0.90x." in md

@@ -101,26 +101,37 @@ PATH_SHAPES = [
     (1, 1024, 2048, 0, 128, "o_proj at M = 1: 2 blocks a warp, auto keeps one CTA a tile"),
     (16, 1000, 3000, 0, 128, "down-like, N % 16 != 0, K ends inside a block: 3-CTA cluster"),
     (5, 200, 4100, 0, 128, "33 blocks, 5 groups of 8: clusters up to 5 CTAs, the last CTA's group short"),
+    (16, 64, 1216, 64, 128, "down_proj shard at tp 4 (k_offset 64): 64-weight units only"),
 ]
-# the tensor-core kernel's tile choices, each forced: W rows per CTA, then CTAs per tile along K
-# (0 = auto; more than the K groups is capped by the launcher)
-MMA_TILES = [(0, 0), (16, 0), (32, 0), (64, 0), (0, 1), (0, 2), (0, 3), (0, 8), (32, 2)]
+# Each kernel's forced choices (rows_per_cta, k_split, k_unit) for gemm_path; 0 = auto. The
+# tensor-core kernel: W rows per CTA, CTAs per tile along K (more than K's groups of 8 units is
+# capped by the launcher), weights of K per unit (mma64: the 64-weight units, an experiment).
+KERNELS = {
+    "gemv": (GEMV, [(0, 0, 0)]),
+    "mma": (MMA, [(0, 0, 0), (16, 0, 0), (32, 0, 0), (64, 0, 0), (0, 1, 0), (0, 2, 0), (0, 3, 0), (0, 8, 0),
+                  (32, 2, 0)]),
+    "mma64": (MMA, [(0, 0, 64), (16, 1, 64), (0, 2, 64), (0, 3, 64), (0, 8, 64)]),
+    "dequant": (DEQUANT, [(0, 0, 0)]),
+}
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
-@pytest.mark.parametrize("path", [GEMV, MMA, DEQUANT], ids=["gemv", "mma", "dequant"])
+@pytest.mark.parametrize("kernel", list(KERNELS))
 @pytest.mark.parametrize("m,n,k,k_offset,bs,reason", PATH_SHAPES, ids=[s[-1] for s in PATH_SHAPES])
-def test_each_kernel_matches_reference(m, n, k, k_offset, bs, reason, path, dtype):
-    if path == MMA and (k_offset % 128 or bs % 128):
-        pytest.skip("the tensor-core kernel takes only blocks that start on 128-weight boundaries (tested below)")
+def test_each_kernel_matches_reference(m, n, k, k_offset, bs, reason, kernel, dtype):
+    path, choices = KERNELS[kernel]
+    unit = 64 if kernel == "mma64" else 128
+    if path == MMA and (k_offset % unit or bs % unit):
+        pytest.skip(f"the tensor-core kernel at {unit}-weight units takes only blocks and shards on {unit}-weight "
+                    "boundaries (tested below)")
     seed = int(torch.randint(0, 2**31 - 1, ()).item())  # fresh inputs each run; printed on failure
     x, packed, scale, bias, values, scale_cpu = _case(m, n, k, k_offset, bs, dtype, seed=seed)
     ref = _reference(x, values, scale_cpu, k, bs, k_offset, bias)
-    for rows, k_split in MMA_TILES if path == MMA else [(0, 0)]:
+    for rows, k_split, k_unit in choices:
         _poison_allocator(m * n * 2)
-        y = torch.ops.ternary_serve.gemm_path(x, packed, scale, bias, bs, k_offset, path, rows, k_split)
+        y = torch.ops.ternary_serve.gemm_path(x, packed, scale, bias, bs, k_offset, path, rows, k_split, k_unit)
         torch.cuda.synchronize()
-        tile = f"rows/CTA {rows}, k_split {k_split}"
+        tile = f"rows/CTA {rows}, k_split {k_split}, k_unit {k_unit}"
         assert y.shape == (m, n) and y.dtype == dtype
         assert bool(torch.isfinite(y).all()), f"{reason}, {tile}: unwritten (NaN-poisoned) output"
         rel = _rel_err(y, ref)
@@ -218,3 +229,9 @@ def test_bad_inputs_are_named():
         torch.ops.ternary_serve.gemm(x.float(), packed, scale, None, 128, 0)
     with pytest.raises(RuntimeError, match="k_split must be 0 \\(auto\\) or 1..8 CTAs per tile along K, got 9"):
         torch.ops.ternary_serve.gemm_path(x, packed, scale, None, 128, 0, MMA, 0, 9)
+    with pytest.raises(RuntimeError, match="k_unit must be 0 \\(auto = 128\\), 128, or 64 \\(with rows_per_cta 0 or "
+                                           "16\\), got 64 with rows_per_cta 32"):
+        torch.ops.ternary_serve.gemm_path(x, packed, scale, None, 128, 0, MMA, 32, 0, 64)
+    x, packed, scale, _, _, _ = _case(2, 64, 256, 32, 128, torch.bfloat16, seed=6)  # a shard 32 into a block
+    with pytest.raises(RuntimeError, match="needs block_size and k_offset multiples of 64, got 128 and 32"):
+        torch.ops.ternary_serve.gemm_path(x, packed, scale, None, 128, 32, MMA, 0, 0, 64)
