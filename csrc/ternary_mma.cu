@@ -404,13 +404,12 @@ cudaError_t launch_mma_t(const void* x, const uint8_t* packed, const __half* sca
 // earlier rule (32 rows once N / 32 >= the SM count) cost gate_up 11 % (4.29 vs 4.80 us at M = 1);
 // qkv at M = 8, 16 is the exception (32 rows 4-8 % faster), 64 rows never won.
 // k_split: CTAs per tile along K (a cluster); 0 = auto (choose_k_split), 1 = none.
-// k_unit: weights of K per unit of work, 128 (auto, 0) or 64 (needs block_size and k_offset
-// multiples of 64; 16 rows per CTA).
+// k_unit: weights of K per unit of work, 128 or 64 (needs block_size and k_offset multiples of
+// 64; 16 rows per CTA); gemm_path resolves its auto (0) to 128, since it checks the multiples.
 cudaError_t launch_mma(bool bf16, const void* x, const uint8_t* packed, const __half* scale, const void* bias, void* y,
                        int M, int N, int K, int ldp, int lds, int block_size, int k_offset, int rows_per_cta,
                        int k_split, int k_unit, cudaStream_t stream) {
   if (rows_per_cta == 0) rows_per_cta = 16;
-  if (k_unit == 0) k_unit = 128;
   return bf16 ? launch_mma_t<__nv_bfloat16>(x, packed, scale, bias, y, M, N, K, ldp, lds, block_size, k_offset,
                                             rows_per_cta, k_split, k_unit, stream)
               : launch_mma_t<__half>(x, packed, scale, bias, y, M, N, K, ldp, lds, block_size, k_offset, rows_per_cta,

@@ -253,6 +253,11 @@ def report(parts: Path, out: Path, name: str) -> int:
     return 0
 
 
+def _tp_label(tp: str, part: dict) -> str:
+    """A Serve part's tp, with its label_note where it has one (e.g. figures of an earlier session)."""
+    return f"{tp} ({part['label_note']})" if part.get("label_note") else tp
+
+
 def markdown(r: dict) -> str:
     lines = [f"# End to end on {r.get('gpu')}: ternary against bf16", "", r["model"] + ".", ""]
     if r.get("notes"):
@@ -277,7 +282,7 @@ def markdown(r: dict) -> str:
     lines += ["", "## Ray Serve (HTTP, one LLM replica)", "",
               "| tp | model | concurrency | embeddings/s | p50 ms | p95 ms | p99 ms | errors |", "|---|---|---|---|---|---|---|---|"]
     for tp, part in r["serve"].items():
-        tp = f"{tp} ({part['label_note']})" if part.get("label_note") else tp
+        tp = _tp_label(tp, part)
         for label, entry in part.get("models", {}).items():
             for lv in entry.get("levels", []):
                 lines.append(f"| {tp} | {label} | {lv['concurrency']} | {lv['embeddings_per_s']} | {lv['latency_p50_ms']} | "
@@ -322,9 +327,8 @@ def plot(r: dict, path: Path) -> None:
     for tp, part in r["serve"].items():
         for label, entry in part.get("models", {}).items():
             lv = entry.get("levels", [])
-            note = f" ({part['label_note']})" if part.get("label_note") else ""
             ax.plot([x["concurrency"] for x in lv], [x["embeddings_per_s"] for x in lv], "-o" if label == "ternary" else "--s",
-                    label=f"{label} {tp}{note}")
+                    label=f"{label} {_tp_label(tp, part)}")
     if r["serve"]:
         ax.set(xscale="log", xlabel="concurrent requests", ylabel="embeddings/s", title="Ray Serve, 16-token inputs")
         ax.legend(fontsize=8)

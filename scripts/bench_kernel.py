@@ -91,10 +91,14 @@ def bench_shape(name, k, n, m, l2_bytes, replays, bs=128):
                                  dtype=torch.bfloat16) for i in range(copies_b)]
     # correctness before timing
     ref = xs[0].double() @ ws[0].double().t()
+
+    def rel_err(y) -> float:  # against the float64 product of the dequantized weights
+        return float((y.double() - ref).norm() / ref.norm())
+
     rel = 0.0
     for p in (0, 1, 2) if m <= 16 else (0, 2) if m <= 1024 else (0,):
         y = torch.ops.ternary_serve.gemm_path(xs[0], packs[0], scales[0], None, bs, 0, p, 0)
-        err = float((y.double() - ref).norm() / ref.norm())
+        err = rel_err(y)
         if not err < 1e-2:
             raise SystemExit(f"{name} M={m}: path {p} relative error {err:.3e}; refusing to time a wrong kernel")
         rel = max(rel, err)
@@ -131,8 +135,7 @@ def bench_shape(name, k, n, m, l2_bytes, replays, bs=128):
     # not timed, and does not stop the run
     mma64, mma64_error = None, None
     if m <= 32:
-        y = torch.ops.ternary_serve.gemm_path(xs[0], packs[0], scales[0], None, bs, 0, 2, 0, 0, 64)
-        err = float((y.double() - ref).norm() / ref.norm())
+        err = rel_err(torch.ops.ternary_serve.gemm_path(xs[0], packs[0], scales[0], None, bs, 0, 2, 0, 0, 64))
         if err < 1e-2:
             mma64 = {str(ks): round(time_graph([path(i, 2, 0, ks, 64) for i in range(copies_t)], replays), 3)
                      for ks in (1, 2, 3)}

@@ -99,8 +99,6 @@ def bounded(fn, seconds: float, on_timeout, *args):
     on_timeout(message naming the step fn was in): main() passes one that writes the report
     and exits, since a call blocked inside Ray cannot be interrupted. Errors come back as
     "unreachable" lines."""
-    import threading
-
     progress, done = {"step": "starting"}, threading.Event()
 
     def watchdog():
