@@ -208,11 +208,12 @@ def markdown(result: dict) -> str:
                        "tensor-core us column):")
     wrong = [f"64-weight units WRONG at {r['shape']} M={r['M']}: {r['mma64_error']}" for r in result["rows"]
              if r.get("mma64_error")]
-    lines += [""] + wrong if wrong else []
+    lines += ([""] + wrong) if wrong else []
     deq = [r for r in result["rows"] if r.get("dequant_only_us")]
     if deq:
-        lines += ["", "Large M: the dequantize kernel alone (us; the bf16 copy of the layer it writes) against the "
-                  "gap between the op and cuBLAS:", "", "| shape | M | dequantize us | op - cuBLAS us |", "|---|---|---|---|"]
+        lines += ["", ("Large M: the dequantize kernel alone (us; the bf16 copy of the layer it writes) against the "
+                       "gap between the op and cuBLAS:"), "", "| shape | M | dequantize us | op - cuBLAS us |",
+                  "|---|---|---|---|"]
         for r in deq:
             lines.append(f"| {r['shape']} | {r['M']} | {r['dequant_only_us']} | "
                          f"{round(r['ternary_us'] - r['cublas_bf16_us'], 3)} |")
