@@ -3,6 +3,7 @@
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_runtime.h>
 #include <stdint.h>
 
 namespace ternary {
@@ -55,5 +56,25 @@ __device__ __forceinline__ BlockSplit block_split(int k, int len, int k_offset, 
 
 // An fp16 scale loaded as raw bits (so the load is not waited for until the value is used).
 __device__ __forceinline__ float scale_from_bits(unsigned short bits) { return __half2float(__ushort_as_half(bits)); }
+
+// Host: a value asked of the current device once (cache[dev] == 0: not asked yet; a fetch that
+// returns 0 is asked again next time). 0 where the current device cannot be named.
+constexpr int kMaxDevices = 64;
+template <typename Fetch>
+inline int per_device(int (&cache)[kMaxDevices], Fetch fetch) {
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= kMaxDevices) return 0;
+  if (cache[dev] == 0) cache[dev] = fetch(dev);
+  return cache[dev];
+}
+
+// The current device's SM count (0 if it cannot be asked); one cache for every kernel file.
+inline int sm_count() {
+  static int cached[kMaxDevices] = {};
+  return per_device(cached, [](int dev) {
+    int v = 0;
+    return cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev) == cudaSuccess ? v : 0;
+  });
+}
 
 }  // namespace ternary

@@ -16,6 +16,9 @@ cudaError_t launch_dequant(bool bf16, const uint8_t* packed, const __half* scale
 cudaError_t launch_mma(bool bf16, const void* x, const uint8_t* packed, const __half* scale, const void* bias, void* y,
                        int M, int N, int K, int ldp, int lds, int block_size, int k_offset, int rows_per_cta,
                        int k_split, int k_unit, cudaStream_t stream);
+cudaError_t launch_tiled(bool bf16, const void* x, const uint8_t* packed, const __half* scale, const void* bias,
+                         void* y, int M, int N, int K, int ldp, int lds, int block_size, int k_offset, int tile,
+                         cudaStream_t stream);
 }  // namespace ternary
 
 namespace {
@@ -23,6 +26,9 @@ namespace {
 // Dispatch by M (measured on the H200, benchmarks/results/kernel-h200.md):
 //   M <= TERNARY_MMA_MAX_M (default 32) and the layer's blocks start on 128-weight boundaries:
 //     the tensor-core kernel (csrc/ternary_mma.cu);
+//   else M <= TERNARY_TILED_MAX_M (default 0: off until measured) and the tiled kernel's
+//     conditions hold (blocks on 128-weight boundaries, K % 8 == 0, x 16-byte aligned): the
+//     tiled tensor-core kernel (csrc/ternary_tiled.cu);
 //   else M <= TERNARY_GEMV_MAX_M (default 1): the warp-per-row kernel (any k_offset);
 //   else: dequantize + cuBLAS.
 int64_t env_int(const char* name, int64_t fallback) {
@@ -38,7 +44,12 @@ int64_t mma_max_m() {
   return v;
 }
 
-enum Path : int64_t { kAuto = 0, kGemv = 1, kMma = 2, kDequant = 3 };
+int64_t tiled_max_m() {
+  static const int64_t v = env_int("TERNARY_TILED_MAX_M", 0);
+  return v;
+}
+
+enum Path : int64_t { kAuto = 0, kGemv = 1, kMma = 2, kDequant = 3, kTiled = 4 };
 
 // Error messages are built here with std::to_string and handed to TORCH_CHECK as ONE string,
 // which c10::str passes through without an ostringstream. Formatting numbers through c10's
@@ -103,10 +114,17 @@ torch::Tensor gemm_path(const torch::Tensor& x,       // [M, K] bf16/fp16
     CHECK_ARG(bias->is_cuda() && bias->dim() == 1 && bias->size(0) == N && bias->scalar_type() == x.scalar_type(),
               "bias must be [N] in x's dtype on x's device");
   }
-  CHECK_ARG(path >= kAuto && path <= kDequant, "path must be 0 (auto), 1 (gemv), 2 (mma) or 3 (dequant), got ",
-            path);
-  CHECK_ARG(rows_per_cta == 0 || rows_per_cta == 16 || rows_per_cta == 32 || rows_per_cta == 64,
-            "rows_per_cta must be 0 (auto), 16, 32 or 64, got ", rows_per_cta);
+  CHECK_ARG(path >= kAuto && path <= kTiled,
+            "path must be 0 (auto), 1 (gemv), 2 (mma), 3 (dequant) or 4 (tiled), got ", path);
+  if (path == kTiled) {
+    CHECK_ARG(rows_per_cta == 0 || rows_per_cta == 64 || rows_per_cta == 128,
+              "rows_per_cta of the tiled kernel must be 0 (auto), 64 or 128, got ", rows_per_cta);
+    CHECK_ARG(k_split == 0 && k_unit == 0, "the tiled kernel takes no k_split or k_unit, got ", k_split, " and ",
+              k_unit);
+  } else {
+    CHECK_ARG(rows_per_cta == 0 || rows_per_cta == 16 || rows_per_cta == 32 || rows_per_cta == 64,
+              "rows_per_cta must be 0 (auto), 16, 32 or 64, got ", rows_per_cta);
+  }
   CHECK_ARG(k_split >= 0 && k_split <= 8, "k_split must be 0 (auto) or 1..8 CTAs per tile along K, got ", k_split);
   CHECK_ARG(k_unit == 0 || k_unit == 128 || (k_unit == 64 && (rows_per_cta == 0 || rows_per_cta == 16)),
             "k_unit must be 0 (auto = 128), 128, or 64 (with rows_per_cta 0 or 16), got ", k_unit, " with rows_per_cta ",
@@ -115,13 +133,21 @@ torch::Tensor gemm_path(const torch::Tensor& x,       // [M, K] bf16/fp16
   // The fused kernels load 8 code bytes at a time: rows padded to 8 bytes, 8-byte aligned.
   const bool rows_padded = ldp % 8 == 0 && reinterpret_cast<uintptr_t>(packed.data_ptr()) % 8 == 0;
   const bool mma_ok = rows_padded && block_size % unit == 0 && k_offset % unit == 0;
+  // the tiled kernel copies activations 16 bytes at a time and works in whole scale blocks
+  const bool tiled_ok = rows_padded && block_size % 128 == 0 && k_offset % 128 == 0 && K % 8 == 0 &&
+                        reinterpret_cast<uintptr_t>(x.data_ptr()) % 16 == 0;
   if (path == kAuto) {
-    path = (mma_ok && M <= mma_max_m()) ? kMma : (rows_padded && M <= gemv_max_m()) ? kGemv : kDequant;
+    path = (mma_ok && M <= mma_max_m())      ? kMma
+           : (tiled_ok && M <= tiled_max_m()) ? kTiled
+           : (rows_padded && M <= gemv_max_m()) ? kGemv
+                                                : kDequant;
   }
   CHECK_ARG(path == kDequant || rows_padded, "the fused kernels need rows padded to a multiple of 8 bytes (ldp=",
             ldp, ", K=", K, "): use ternary_plugin.ops.pad_packed_rows");
   CHECK_ARG(path != kMma || mma_ok, "the tensor-core kernel needs block_size and k_offset multiples of ", unit,
             ", got ", block_size, " and ", k_offset);
+  CHECK_ARG(path != kTiled || tiled_ok, "the tiled kernel needs block_size and k_offset multiples of 128 (got ",
+            block_size, " and ", k_offset, "), K a multiple of 8 (got ", K, ") and x 16-byte aligned");
 
   const at::cuda::OptionalCUDAGuard guard(x.device());
   auto y = torch::empty({M, N}, x.options());
@@ -137,6 +163,13 @@ torch::Tensor gemm_path(const torch::Tensor& x,       // [M, K] bf16/fp16
                                          y.data_ptr(), M, N, K, ldp, lds, block_size, k_offset, rows_per_cta, k_split,
                                          unit, stream),
                      "ternary_mma_kernel launch", M, N, K);
+    return y;
+  }
+  if (path == kTiled) {
+    check_cuda_error(ternary::launch_tiled(bf16, x.data_ptr(), packed.data_ptr<uint8_t>(), scale_ptr, bias_ptr,
+                                           y.data_ptr(), M, N, K, ldp, lds, block_size, k_offset, rows_per_cta,
+                                           stream),
+                     "ternary_tiled_kernel launch", M, N, K);
     return y;
   }
   if (path == kGemv) {
@@ -190,9 +223,10 @@ torch::Tensor dequantize(const torch::Tensor& packed, const torch::Tensor& scale
 
 TORCH_LIBRARY(ternary_serve, m) {
   m.def("gemm(Tensor x, Tensor packed, Tensor scale, Tensor? bias, int block_size, int k_offset) -> Tensor");
-  // One kernel forced (path 1 gemv, 2 tensor-core, 3 dequantize + cuBLAS; rows_per_cta, k_split
-  // and k_unit, the tensor-core kernel's W rows per CTA, CTAs per tile along K and weights of K
-  // per unit of work, 0 = auto): for tests and benchmarks; gemm is path 0, chosen by M, with
+  // One kernel forced (path 1 gemv, 2 tensor-core, 3 dequantize + cuBLAS, 4 tiled tensor-core;
+  // rows_per_cta, k_split and k_unit, the tensor-core kernel's W rows per CTA, CTAs per tile
+  // along K and weights of K per unit of work, the tiled kernel's W rows (and tokens) per CTA,
+  // 0 = auto): for tests and benchmarks; gemm is path 0, chosen by M, with
   // every tile choice automatic.
   m.def("gemm_path(Tensor x, Tensor packed, Tensor scale, Tensor? bias, int block_size, int k_offset, int path, "
         "int rows_per_cta, int k_split=0, int k_unit=0) -> Tensor");

@@ -141,6 +141,16 @@ def bench_shape(name, k, n, m, l2_bytes, replays, bs=128):
                      for ks in (1, 2, 3)}
         else:
             mma64_error = f"relative error {err:.3e}"
+    # the tiled tensor-core kernel (M >= 64; dispatched up to TERNARY_TILED_MAX_M), checked
+    # first like the experiment: auto tile and each tile forced
+    tiled, tiled_error = None, None
+    if m >= 64:
+        err = rel_err(torch.ops.ternary_serve.gemm_path(xs[0], packs[0], scales[0], None, bs, 0, 4, 0))
+        if err < 1e-2:
+            tiled = {str(t): round(time_graph([path(i, 4, t) for i in range(copies_t)], replays), 3)
+                     for t in (0, 64, 128)}
+        else:
+            tiled_error = f"relative error {err:.3e}"
     # the large-M path's first half alone: how much of the gap to cuBLAS the dequantize is
     t_deq_only = time_graph([lambda i=i: torch.ops.ternary_serve.dequantize(packs[i], scales[i], k, bs, 0,
                                                                             torch.bfloat16)
@@ -153,6 +163,7 @@ def bench_shape(name, k, n, m, l2_bytes, replays, bs=128):
         "mma_us": None if t_mma is None else round(t_mma, 3), "gemv_us": None if t_gemv is None else round(t_gemv, 3),
         "mma_us_by_rows_per_cta": mma_rows, "mma_us_by_k_split": mma_split,
         "mma64_us_by_k_split": mma64, "mma64_error": mma64_error,
+        "tiled_us": tiled["0"] if tiled else None, "tiled_us_by_tile": tiled, "tiled_error": tiled_error,
         "dequant_only_us": None if t_deq_only is None else round(t_deq_only, 3),
         "speedup_vs_cublas": round(t_cub / t_tern, 3),
         "ternary_GBps": round((tern_bytes + io) / (t_tern * 1e-6) / 1e9, 1),
@@ -174,6 +185,22 @@ def _by_table(rows: list, key: str, cols: tuple, title: str) -> list:
     for r in rows:
         lines.append(f"| {r['shape']} | {r['M']} | " + " | ".join(str(r[key][c]) for c in cols) + " |")
     return lines
+
+
+def tiled_max_m(rows: list) -> int:
+    """The largest measured M up to which the tiled kernel beats the op's dispatch as measured
+    (`ternary us`, the run without it) at every measured M >= 64, by the geometric mean over the
+    shapes; 0 where it does not at M = 64 or any shape's result was wrong. The GPU run's
+    TERNARY_TILED_MAX_M."""
+    best = 0
+    for m in sorted({r["M"] for r in rows if r["M"] >= 64}):
+        at_m = [r for r in rows if r["M"] == m]
+        if any(r.get("tiled_error") or not r.get("tiled_us") for r in at_m):
+            break
+        if math.exp(sum(math.log(r["ternary_us"] / r["tiled_us"]) for r in at_m) / len(at_m)) <= 1.0:
+            break
+        best = m
+    return best
 
 
 def markdown(result: dict) -> str:
@@ -206,8 +233,24 @@ def markdown(result: dict) -> str:
     lines += _by_table(result["rows"], "mma64_us_by_k_split", ("1", "2", "3"),
                        "Experiment, 64-weight units (not dispatched; us by CTAs per tile along K; compare with the "
                        "tensor-core us column):")
+    tiled = [r for r in result["rows"] if r.get("tiled_us")]
+    if tiled:
+        lines += ["", ("Tiled tensor-core kernel, M >= 64 (us; auto = its tile rule; dispatched by the op up to "
+                       "TERNARY_TILED_MAX_M; `ternary us` above is the op as this run dispatched it):"), "",
+                  ("| shape | M | tiled us | 64-row tile | 128-row tile | op us | dequant+mm us | cuBLAS bf16 us | "
+                   "tiled / cuBLAS speed-up | tiled TFLOP/s |"), "|---|---|---|---|---|---|---|---|---|---|"]
+        for r in tiled:
+            t = r["tiled_us_by_tile"]
+            tflops = 2 * r["M"] * r["N"] * r["K"] / (r["tiled_us"] * 1e-6) / 1e12
+            lines.append(f"| {r['shape']} | {r['M']} | {r['tiled_us']} | {t['64']} | {t['128']} | {r['ternary_us']} | "
+                         f"{r['dequant_us']} | {r['cublas_bf16_us']} | {r['cublas_bf16_us'] / r['tiled_us']:.3f}x | "
+                         f"{tflops:.1f} |")
+        lines += ["", (f"Tiled kernel faster than the op's dispatch (geometric mean over the shapes) up to M = "
+                       f"{tiled_max_m(result['rows'])} (0: at no M).")]
     wrong = [f"64-weight units WRONG at {r['shape']} M={r['M']}: {r['mma64_error']}" for r in result["rows"]
              if r.get("mma64_error")]
+    wrong += [f"tiled kernel WRONG at {r['shape']} M={r['M']}: {r['tiled_error']}" for r in result["rows"]
+              if r.get("tiled_error")]
     lines += ([""] + wrong) if wrong else []
     deq = [r for r in result["rows"] if r.get("dequant_only_us")]
     if deq:
@@ -233,7 +276,12 @@ def main(argv=None) -> int:
     ap.add_argument("--ms", type=int, nargs="+", default=MS)
     ap.add_argument("--replays", type=int, default=50)
     ap.add_argument("--name", default="kernel-h200")
+    ap.add_argument("--tiled-max-m", type=Path, metavar="JSON",
+                    help="print the M up to which the tiled kernel won in this result file, and exit")
     args = ap.parse_args(argv)
+    if args.tiled_max_m:
+        print(tiled_max_m(json.loads(args.tiled_max_m.read_text())["rows"]))
+        return 0
     from ternary_plugin import ops
 
     if not (torch.cuda.is_available() and ops.cuda_op_available()):
@@ -256,6 +304,7 @@ def main(argv=None) -> int:
             result["rows"].append(row)
             print(f"{name:12s} M={m:6d} K={k:5d} N={n:5d} tern {row['ternary_us']:9.2f}us cublas {row['cublas_bf16_us']:9.2f}us "
                   f"deq {row['dequant_us']:9.2f}us mma {row['mma_us'] or 0:8.2f}us gemv {row['gemv_us'] or 0:8.2f}us "
+                  f"tiled {row['tiled_us'] or 0:8.2f}us "
                   f"x{row['speedup_vs_cublas']:.2f}", flush=True)
     result["seconds"] = round(time.time() - t0, 1)
     args.out.mkdir(parents=True, exist_ok=True)

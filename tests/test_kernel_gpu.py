@@ -83,7 +83,7 @@ def test_gemm_matches_float64_reference(m, n, k, k_offset, bs, reason, dtype, wi
     assert rel < TOL[dtype], f"{reason}: relative error {rel:.2e}"
 
 
-GEMV, MMA, DEQUANT = 1, 2, 3
+GEMV, MMA, DEQUANT, TILED = 1, 2, 3, 4
 # (M, N, K, k_offset, block_size, reason): every case runs each kernel that accepts it.
 PATH_SHAPES = [
     (1, 200, 202, 0, 128, "K % 4 != 0, unaligned activation rows"),
@@ -102,16 +102,23 @@ PATH_SHAPES = [
     (16, 1000, 3000, 0, 128, "down-like, N % 16 != 0, K ends inside a block: 3-CTA cluster"),
     (5, 200, 4100, 0, 128, "33 blocks, 5 groups of 8: clusters up to 5 CTAs, the last CTA's group short"),
     (16, 64, 1216, 64, 128, "down_proj shard at tp 4 (k_offset 64): 64-weight units only"),
+    # "large M" cases are left out of the memcheck run (gpu_e2e_run.sh): minutes under the sanitizer
+    (257, 1024, 3072, 0, 128, "large M one past two 128-token tiles, down-like K (24 units)"),
+    (1000, 200, 1000, 0, 128, "large M, N % 8 != 0 (element stores), K ends inside a block"),
+    (2048, 1536, 1024, 0, 128, "large M 2048, gate_up/tp4: enough tiles for the 128-row tile"),
+    (96, 256, 1280, 256, 512, "block_size 512, shard 256 into a block: 128-weight units of it"),
 ]
 # Each kernel's forced choices (rows_per_cta, k_split, k_unit) for gemm_path; 0 = auto. The
 # tensor-core kernel: W rows per CTA, CTAs per tile along K (more than K's groups of 8 units is
-# capped by the launcher), weights of K per unit (mma64: the 64-weight units, an experiment).
+# capped by the launcher), weights of K per unit (mma64: the 64-weight units, an experiment);
+# the tiled kernel: W rows (and tokens) per CTA, 64 or 128.
 KERNELS = {
     "gemv": (GEMV, [(0, 0, 0)]),
     "mma": (MMA, [(0, 0, 0), (16, 0, 0), (32, 0, 0), (64, 0, 0), (0, 1, 0), (0, 2, 0), (0, 3, 0), (0, 8, 0),
                   (32, 2, 0)]),
     "mma64": (MMA, [(0, 0, 64), (16, 1, 64), (0, 2, 64), (0, 3, 64), (0, 8, 64)]),
     "dequant": (DEQUANT, [(0, 0, 0)]),
+    "tiled": (TILED, [(0, 0, 0), (64, 0, 0), (128, 0, 0)]),
 }
 
 
@@ -124,6 +131,8 @@ def test_each_kernel_matches_reference(m, n, k, k_offset, bs, reason, kernel, dt
     if path == MMA and (k_offset % unit or bs % unit):
         pytest.skip(f"the tensor-core kernel at {unit}-weight units takes only blocks and shards on {unit}-weight "
                     "boundaries (tested below)")
+    if path == TILED and (k_offset % 128 or bs % 128 or k % 8):
+        pytest.skip("the tiled kernel takes only 128-weight block boundaries and K % 8 == 0 (refusal tested below)")
     seed = int(torch.randint(0, 2**31 - 1, ()).item())  # fresh inputs each run; printed on failure
     x, packed, scale, bias, values, scale_cpu = _case(m, n, k, k_offset, bs, dtype, seed=seed)
     ref = _reference(x, values, scale_cpu, k, bs, k_offset, bias)
@@ -179,9 +188,34 @@ def test_codes_11_decode_to_zero_in_every_kernel():
     values = fmt.unpack_ternary(packed, k)
     x = torch.randn(3, k).to(torch.bfloat16)
     ref = _reference(x, values, scale, k, 128, 0)
-    for path in (GEMV, MMA, DEQUANT):
+    for path in (GEMV, MMA, DEQUANT, TILED):
         y = torch.ops.ternary_serve.gemm_path(x.cuda(), packed.cuda(), scale.cuda(), None, 128, 0, path, 0)
         assert _rel_err(y, ref) < TOL[torch.bfloat16], f"path {path}"
+
+
+def test_tiled_kernel_is_deterministic_and_refuses_what_it_cannot_read():
+    """The 64-row tile adds its 4 warps' partials in a fixed order: the same bits every run. A
+    block phase, K % 8 != 0 or an unaligned x are refused by name; auto falls back."""
+    x, packed, scale, bias, values, scale_cpu = _case(200, 1024, 3072, 0, 128, torch.bfloat16, seed=31)
+    runs = [torch.ops.ternary_serve.gemm_path(x, packed, scale, bias, 128, 0, TILED, 64) for _ in range(4)]
+    assert all(torch.equal(runs[0], r) for r in runs[1:])
+    assert _rel_err(runs[0], _reference(x, values, scale_cpu, 3072, 128, 0, bias)) < TOL[torch.bfloat16]
+    x, packed, scale, bias, values, scale_cpu = _case(70, 96, 502, 118, 128, torch.bfloat16, seed=32)
+    with pytest.raises(RuntimeError, match="tiled kernel needs block_size and k_offset multiples of 128 \\(got 128 "
+                                           "and 118\\), K a multiple of 8 \\(got 502\\)"):
+        torch.ops.ternary_serve.gemm_path(x, packed, scale, None, 128, 118, TILED, 0)
+    assert _rel_err(torch.ops.ternary_serve.gemm(x, packed, scale, bias, 128, 118),
+                    _reference(x, values, scale_cpu, 502, 128, 118, bias)) < TOL[torch.bfloat16]
+    _, packed, scale, _, values, scale_cpu = _case(70, 64, 1024, 0, 128, torch.bfloat16, seed=33)
+    x = torch.randn(70 * 1024 + 1, device="cuda").to(torch.bfloat16)[1:].view(70, 1024)
+    assert x.data_ptr() % 16 != 0
+    with pytest.raises(RuntimeError, match="x 16-byte aligned"):
+        torch.ops.ternary_serve.gemm_path(x, packed, scale, None, 128, 0, TILED, 0)
+    assert _rel_err(torch.ops.ternary_serve.gemm(x, packed, scale, None, 128, 0),
+                    _reference(x, values, scale_cpu, 1024, 128, 0)) < TOL[torch.bfloat16]
+    with pytest.raises(RuntimeError, match="rows_per_cta of the tiled kernel must be 0 \\(auto\\), 64 or 128, got 32"):
+        torch.ops.ternary_serve.gemm_path(torch.randn(70, 1024, device="cuda").to(torch.bfloat16), packed, scale, None,
+                                          128, 0, TILED, 32)
 
 
 def test_reference_path_agrees_on_gpu():

@@ -1,0 +1,55 @@
+// Shared by the tensor-core kernels (ternary_mma.cu: small M; ternary_tiled.cu: M >= 64): the
+// mma.sync wrapper and the register decode of a code byte into A-fragment pairs.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <stdint.h>
+
+#include <type_traits>
+
+namespace ternary {
+
+// Per dtype: the packed pair type, and exponents whose ulp is mantissa bit 0 / 2 (pair 0) and
+// bit 4 / 6 (pair 1), lo | hi << 16 (the decode below).
+template <typename T> struct MmaTraits;
+template <> struct MmaTraits<__nv_bfloat16> {
+  using T2 = __nv_bfloat162;
+  static constexpr uint32_t kMagic0 = 0x42004300u, kMagic1 = 0x40004100u;
+};
+template <> struct MmaTraits<__half> {
+  using T2 = __half2;
+  static constexpr uint32_t kMagic0 = 0x5C006400u, kMagic1 = 0x4C005400u;
+};
+
+// a - b on two packed T values
+template <typename T>
+__device__ __forceinline__ uint32_t sub2(uint32_t a, uint32_t b) {
+  using T2 = typename MmaTraits<T>::T2;
+  T2 r = __hsub2(*reinterpret_cast<T2*>(&a), *reinterpret_cast<T2*>(&b));
+  return *reinterpret_cast<uint32_t*>(&r);
+}
+
+// d += A (16x16, row) * B (16x8, col) in fp32, A and B in T
+#define TERNARY_MMA_16816(TY)                                                                        \
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32." TY "." TY ".f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, " \
+               "{%8,%9}, {%0,%1,%2,%3};\n"                                                           \
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])                                      \
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1))
+template <typename T>
+__device__ __forceinline__ void mma(float d[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) TERNARY_MMA_16816("bf16");
+  else TERNARY_MMA_16816("f16");
+}
+#undef TERNARY_MMA_16816
+
+// The four weights of code byte `k` (0..3) of `word` as two packed pairs: lo = (w0, w1), hi = (w2, w3).
+template <typename T>
+__device__ __forceinline__ void decode_byte(uint32_t word, int k, uint32_t& lo, uint32_t& hi) {
+  const uint32_t w = __byte_perm(word, 0u, 0x4040u | (uint32_t)k | ((uint32_t)k << 8));  // b | b << 16
+  const uint32_t w1 = w >> 1;
+  lo = sub2<T>((w & 0x00040001u) | MmaTraits<T>::kMagic0, (w1 & 0x00040001u) | MmaTraits<T>::kMagic0);
+  hi = sub2<T>((w & 0x00400010u) | MmaTraits<T>::kMagic1, (w1 & 0x00400010u) | MmaTraits<T>::kMagic1);
+}
+
+}  // namespace ternary

@@ -1,0 +1,320 @@
+// Mid/large-M ternary GEMM on the tensor cores: y[M, N] = x[M, K] @ W^T (+ bias), M >= ~64.
+//
+// The weights never leave their 2-bit form in memory: a CTA copies a tile's packed codes and
+// activations for one 128-weight unit of K (one scale block) into shared memory with cp.async,
+// several units ahead (kTiledStages), and each warp decodes its codes in registers straight
+// into mma.sync A fragments. No bf16 copy of W exists at any point (the dequantize + cuBLAS
+// path writes and reads one per call).
+//
+// Layout and decode are those of the small-M kernel (ternary_mma.cu, its header explains them):
+// W rows are the MMA's M side, tokens its N side; thread t of a quad takes physical weights
+// 32t + 4s .. 32t + 4s + 3 of the unit at step s (one code byte per W row, 4 activations per
+// token), so one unit's 8 mma steps sum exactly one scale block, finished in fp32 and scaled
+// once. Here the activations come from shared memory: a thread reads 16 bytes (two steps) of
+// its token row per load. The 16-byte chunks of a token row are XOR-swizzled (`swizzle`) so that
+// the 8 lanes of each load phase hit 8 different bank groups.
+//
+// Work split: a CTA of 8 warps owns BW = WW*16R W rows x BT = WT*8NT tokens; its warps form a
+// WW x WT x WK grid: WK > 1 splits each unit's 4 step pairs between WK warps of the same
+// output tile (for tiles too few to fill the SMs), and their partial tiles are added through
+// shared memory in a fixed order (deterministic). The output tile is staged in shared memory
+// and written with 16-byte row stores.
+//
+// Requires (checked by the host): K % 8 == 0 and x 16-byte aligned (16-byte cp.async of
+// activations), rows padded to 8 bytes (ternary_plugin.ops.pad_packed_rows), block_size and
+// k_offset multiples of 128.
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+#include "ternary_common.cuh"
+#include "ternary_mma.cuh"
+
+namespace ternary {
+namespace {
+
+constexpr int kTiledWarps = 8;
+constexpr int kTiledStages = 4;       // units in shared memory: 3 loading while one is consumed
+constexpr int kUnit = 128;            // weights of K per stage (one scale block)
+constexpr int kXRowBytes = kUnit * 2;    // one token's activations of a unit: 16 chunks of 16 bytes
+constexpr int kCodeRowBytes = kUnit / 4;  // one W row's codes of a unit
+
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool pred) {
+  const uint32_t s = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(pred ? 16 : 0));
+}
+__device__ __forceinline__ void cp_async8(void* smem, const void* gmem, bool pred) {
+  const uint32_t s = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" ::"r"(s), "l"(gmem), "r"(pred ? 8 : 0));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
+// Chunk c (0..15) of token row `row` is stored at chunk swizzle(row, c). A load phase is 8 lanes
+// (4 t x 2 rows g, g + 1) reading chunk 4t + q: c % 8 = 4 (t & 1) + q, and the XOR folds in
+// t >> 1 (= c >> 3) and row & 1, so the 8 lanes land on 8 different 16-byte bank groups.
+__device__ __forceinline__ int swizzle(int row, int c) { return c ^ (((row & 1) << 1) | ((c >> 3) & 1)); }
+
+template <int WW, int WT, int WK, int R, int NT>
+struct TiledShape {
+  static_assert(WW * WT * WK == kTiledWarps && (WK == 1 || WK == 2 || WK == 4), "8 warps; WK divides 4");
+  static constexpr int BW = WW * 16 * R, BT = WT * 8 * NT;
+  static_assert(BT * 16 % (kTiledWarps * 32) == 0 && BW * 4 % (kTiledWarps * 32) == 0, "whole copy rounds");
+  static constexpr int kXBytes = BT * kXRowBytes, kStageBytes = kXBytes + BW * kCodeRowBytes;
+  static constexpr int kTileFloats = R * NT * 4 * 32;  // one warp's accumulators
+  static constexpr int kOutLd = BW + 8;                 // output tile row, padded: no bank conflicts
+  static constexpr int kPipeBytes = kTiledStages * kStageBytes;
+  static constexpr int kRedBytes = (WK - 1) * WW * WT * kTileFloats * 4;
+  static constexpr int kOutBytes = BT * kOutLd * 2;
+  static constexpr int kSmemBytes =
+      kPipeBytes > kRedBytes ? (kPipeBytes > kOutBytes ? kPipeBytes : kOutBytes)
+                             : (kRedBytes > kOutBytes ? kRedBytes : kOutBytes);
+};
+
+template <typename T, int WW, int WT, int WK, int R, int NT>
+__global__ void __launch_bounds__(kTiledWarps * 32, 1)
+ternary_tiled_kernel(const T* __restrict__ x,            // [M, K], K % 8 == 0, 16-byte aligned
+                     const uint8_t* __restrict__ packed,  // [N, ldp], ldp % 8 == 0
+                     const __half* __restrict__ scale,    // [N, lds]
+                     const T* __restrict__ bias,          // [N] or nullptr
+                     T* __restrict__ y,                   // [M, N]
+                     int M, int N, int K, int ldp, int lds, int block_size, int k_offset) {
+  using S = TiledShape<WW, WT, WK, R, NT>;
+  extern __shared__ __align__(16) uint8_t smem[];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int g = lane / 4, t = lane % 4;
+  const int warp_w = warp % WW, warp_t = (warp / WW) % WT, warp_k = warp / (WW * WT);
+  const int n0 = blockIdx.x * S::BW, m0 = blockIdx.y * S::BT;
+  const int units = (K + kUnit - 1) / kUnit;
+
+  // One unit's tile into stage `stage`: activations past M or K and codes past N or ldp are
+  // zero-filled by cp.async (the source pointer is then any valid address; nothing is read).
+  auto load_unit = [&](int stage, int u) {
+    uint8_t* xs = smem + stage * S::kStageBytes;
+    uint8_t* cs = xs + S::kXBytes;
+    const int k0 = u * kUnit;
+#pragma unroll
+    for (int it = 0; it < S::BT * 16 / (kTiledWarps * 32); ++it) {
+      const int i = threadIdx.x + it * kTiledWarps * 32;
+      const int row = i / 16, c = i % 16, m = m0 + row, k = k0 + 8 * c;
+      const bool ok = m < M && k < K;
+      cp_async16(xs + row * kXRowBytes + 16 * swizzle(row, c), ok ? x + (size_t)m * K + k : x, ok);
+    }
+#pragma unroll
+    for (int it = 0; it < S::BW * 4 / (kTiledWarps * 32); ++it) {
+      const int i = threadIdx.x + it * kTiledWarps * 32;
+      const int row = i / 4, c = i % 4, n = n0 + row, byte = u * kCodeRowBytes + 8 * c;
+      const bool ok = n < N && byte < ldp;
+      cp_async8(cs + row * kCodeRowBytes + 8 * c, ok ? packed + (size_t)n * ldp + byte : packed, ok);
+    }
+  };
+
+  // This thread's W rows (tile-local) and their scale rows (clamped past N: never stored).
+  int wrow[R][2];
+  const unsigned short* srow[R][2];
+#pragma unroll
+  for (int r = 0; r < R; ++r)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      wrow[r][h] = warp_w * 16 * R + 16 * r + g + 8 * h;
+      srow[r][h] = reinterpret_cast<const unsigned short*>(scale) + (size_t)min(n0 + wrow[r][h], N - 1) * lds;
+    }
+
+  float acc[R][NT][4];
+#pragma unroll
+  for (int r = 0; r < R; ++r)
+#pragma unroll
+    for (int j = 0; j < NT; ++j)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) acc[r][j][i] = 0.f;
+
+#pragma unroll
+  for (int s = 0; s < kTiledStages - 1; ++s) {
+    if (s < units) load_unit(s, s);
+    cp_async_commit();
+  }
+  for (int u = 0; u < units; ++u) {
+    cp_async_wait<kTiledStages - 2>();  // unit u has landed (this thread's copies) ...
+    __syncthreads();                    // ... everyone's, and stage (u - 1) % kStages is free
+    if (u + kTiledStages - 1 < units) load_unit((u + kTiledStages - 1) % kTiledStages, u + kTiledStages - 1);
+    cp_async_commit();
+
+    const uint8_t* xs = smem + (u % kTiledStages) * S::kStageBytes;
+    const uint8_t* cs = xs + S::kXBytes;
+    const int sb = (u * kUnit + k_offset) / block_size;
+    unsigned short sbits[R][2];
+    uint2 codes[R][2];
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        sbits[r][h] = __ldg(srow[r][h] + sb);
+        codes[r][h] = *reinterpret_cast<const uint2*>(cs + wrow[r][h] * kCodeRowBytes + 8 * t);
+      }
+    float blk[R][NT][4];
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+      for (int j = 0; j < NT; ++j)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) blk[r][j][i] = 0.f;
+#pragma unroll
+    for (int qq = 0; qq < 4 / WK; ++qq) {
+      const int q = WK == 1 ? qq : qq * WK + warp_k;  // this warp's step pair: steps 2q, 2q + 1
+      uint4 xb[NT];
+#pragma unroll
+      for (int j = 0; j < NT; ++j) {
+        const int row = warp_t * 8 * NT + 8 * j + g;
+        xb[j] = *reinterpret_cast<const uint4*>(xs + row * kXRowBytes + 16 * swizzle(row, 4 * t + q));
+      }
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int st = 2 * q + half;  // code byte st of the thread's 8
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+          uint32_t a[4];
+          decode_byte<T>(st < 4 ? codes[r][0].x : codes[r][0].y, st & 3, a[0], a[2]);  // row g
+          decode_byte<T>(st < 4 ? codes[r][1].x : codes[r][1].y, st & 3, a[1], a[3]);  // row g + 8
+#pragma unroll
+          for (int j = 0; j < NT; ++j) mma<T>(blk[r][j], a, half ? xb[j].z : xb[j].x, half ? xb[j].w : xb[j].y);
+        }
+      }
+    }
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      const float s0 = scale_from_bits(sbits[r][0]), s1 = scale_from_bits(sbits[r][1]);
+#pragma unroll
+      for (int j = 0; j < NT; ++j) {
+        acc[r][j][0] += s0 * blk[r][j][0];
+        acc[r][j][1] += s0 * blk[r][j][1];
+        acc[r][j][2] += s1 * blk[r][j][2];
+        acc[r][j][3] += s1 * blk[r][j][3];
+      }
+    }
+  }
+  cp_async_wait<0>();
+  __syncthreads();  // the pipeline's shared memory is free from here
+
+  // WK > 1: warps 1.. of each output tile hand their partials to warp 0, added in warp order
+  if constexpr (WK > 1) {
+    float* red = reinterpret_cast<float*>(smem);
+    const int tile = warp % (WW * WT);
+    if (warp_k > 0) {
+      float* dst = red + ((warp_k - 1) * WW * WT + tile) * S::kTileFloats;
+#pragma unroll
+      for (int r = 0; r < R; ++r)
+#pragma unroll
+        for (int j = 0; j < NT; ++j)
+#pragma unroll
+          for (int i = 0; i < 4; ++i) dst[((r * NT + j) * 4 + i) * 32 + lane] = acc[r][j][i];
+    }
+    __syncthreads();
+    if (warp_k == 0) {
+      for (int kk = 1; kk < WK; ++kk) {
+        const float* src = red + ((kk - 1) * WW * WT + tile) * S::kTileFloats;
+#pragma unroll
+        for (int r = 0; r < R; ++r)
+#pragma unroll
+          for (int j = 0; j < NT; ++j)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) acc[r][j][i] += src[((r * NT + j) * 4 + i) * 32 + lane];
+      }
+    }
+    __syncthreads();
+  }
+
+  // The output tile in shared memory as [token][W row] (bias added, rounded once) ...
+  T* out = reinterpret_cast<T*>(smem);
+  if (warp_k == 0) {
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int n = n0 + wrow[r][h];
+        const float b = (bias != nullptr && n < N) ? Vec<T>::to_float(bias[n]) : 0.f;
+#pragma unroll
+        for (int j = 0; j < NT; ++j)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {  // C fragment: c[2h + e] -> W row g + 8h, token 2t + e
+            const int tok = warp_t * 8 * NT + 8 * j + 2 * t + e;
+            out[tok * S::kOutLd + wrow[r][h]] = Vec<T>::from_float(acc[r][j][2 * h + e] + b);
+          }
+      }
+  }
+  __syncthreads();
+  // ... then written a token row at a time, 16 bytes per store where N allows
+  const bool vec = N % 8 == 0;
+  for (int i = threadIdx.x; i < S::BT * (S::BW / 8); i += kTiledWarps * 32) {
+    const int tok = i / (S::BW / 8), c = i % (S::BW / 8), m = m0 + tok, n = n0 + 8 * c;
+    if (m >= M || n >= N) continue;
+    const T* src = out + tok * S::kOutLd + 8 * c;
+    T* dst = y + (size_t)m * N + n;
+    if (vec) {
+      *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(src);
+    } else {
+      for (int e = 0; e < 8 && n + e < N; ++e) dst[e] = src[e];
+    }
+  }
+}
+
+template <typename T, int WW, int WT, int WK, int R, int NT>
+cudaError_t launch_shape(const T* x, const uint8_t* packed, const __half* scale, const T* bias, T* y, int M, int N,
+                         int K, int ldp, int lds, int block_size, int k_offset, cudaStream_t stream) {
+  using S = TiledShape<WW, WT, WK, R, NT>;
+  auto kernel = ternary_tiled_kernel<T, WW, WT, WK, R, NT>;
+  // more than 48 KB of dynamic shared memory is an opt-in, per function and device
+  static int smem_set[kMaxDevices] = {};
+  cudaError_t err = cudaSuccess;
+  if (per_device(smem_set, [&](int) {
+        err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, S::kSmemBytes);
+        return err == cudaSuccess ? 1 : 0;
+      }) != 1)
+    return err != cudaSuccess ? err : cudaErrorInvalidDevice;
+  const dim3 grid((N + S::BW - 1) / S::BW, (M + S::BT - 1) / S::BT);
+  kernel<<<grid, kTiledWarps * 32, S::kSmemBytes, stream>>>(x, packed, scale, bias, y, M, N, K, ldp, lds, block_size,
+                                                             k_offset);
+  return cudaGetLastError();
+}
+
+// Two tiles: "large" 128 W rows x 128 tokens (warps 4 x 2, 32 x 64 each) and "small" 64 x 64
+// (warps 2 x 1 x 4: two output tiles of 32 x 64, each unit's step pairs split over 4 warps).
+template <typename T>
+cudaError_t launch_tiled_t(const void* x, const uint8_t* packed, const __half* scale, const void* bias, void* y,
+                           int M, int N, int K, int ldp, int lds, int block_size, int k_offset, int tile,
+                           cudaStream_t stream) {
+  const T* xt = static_cast<const T*>(x);
+  const T* bt = static_cast<const T*>(bias);
+  T* yt = static_cast<T*>(y);
+  if (tile == 0) {  // auto: the large tile where it still gives every SM a CTA
+    const long large = (long)((N + 127) / 128) * ((M + 127) / 128);
+    tile = large >= sm_count() ? 128 : 64;
+  }
+  switch (tile) {
+    case 128:
+      return launch_shape<T, 4, 2, 1, 2, 8>(xt, packed, scale, bt, yt, M, N, K, ldp, lds, block_size, k_offset,
+                                            stream);
+    case 64:
+      return launch_shape<T, 2, 1, 4, 2, 8>(xt, packed, scale, bt, yt, M, N, K, ldp, lds, block_size, k_offset,
+                                            stream);
+    default: return cudaErrorInvalidValue;
+  }
+}
+
+}  // namespace
+
+// tile: W rows (and tokens) per CTA, 64 or 128; 0 = auto (above).
+cudaError_t launch_tiled(bool bf16, const void* x, const uint8_t* packed, const __half* scale, const void* bias,
+                         void* y, int M, int N, int K, int ldp, int lds, int block_size, int k_offset, int tile,
+                         cudaStream_t stream) {
+  return bf16 ? launch_tiled_t<__nv_bfloat16>(x, packed, scale, bias, y, M, N, K, ldp, lds, block_size, k_offset,
+                                              tile, stream)
+              : launch_tiled_t<__half>(x, packed, scale, bias, y, M, N, K, ldp, lds, block_size, k_offset, tile,
+                                       stream);
+}
+
+}  // namespace ternary
