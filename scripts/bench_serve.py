@@ -167,7 +167,9 @@ def main(argv=None) -> int:
 
     result = {"machine": f"{platform.node()} ({os.cpu_count()} cores, {platform.machine()})",
               "command": "python scripts/bench_serve.py " + " ".join(argv if argv is not None else sys.argv[1:]),
-              "config": str(args.config), "models": {}}
+              "config": str(args.config), "models": {},
+              # settings that change what is measured: the kernel dispatch and Ray Serve's modes
+              "env": {k: v for k, v in sorted(os.environ.items()) if k.startswith(("TERNARY_", "RAY_SERVE_"))}}
     for spec in args.model:
         label, _, model = spec.partition("=")
         if model == "minilm":
@@ -195,7 +197,8 @@ def main(argv=None) -> int:
                   f"p50 {lv['latency_p50_ms']} p95 {lv['latency_p95_ms']} p99 {lv['latency_p99_ms']} ms errors {lv['errors']}",
                   flush=True)
     (args.out / f"{args.name}.json").write_text(json.dumps(result, indent=1) + "\n")
-    lines = [f"# Serve load test ({result['machine']})", "", f"`{result['command']}`", "",
+    env = " ".join(f"{k}={v}" for k, v in result["env"].items())
+    lines = [f"# Serve load test ({result['machine']})", "", f"`{env + ' ' if env else ''}{result['command']}`", "",
              "| model | concurrency | ok | embeddings/s | tokens/s | p50 ms | p95 ms | p99 ms | errors |",
              "|---|---|---|---|---|---|---|---|---|"]
     for label, m in result["models"].items():

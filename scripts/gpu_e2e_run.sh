@@ -43,7 +43,7 @@ LOGS=/root/e2e-logs
 
 env_json() {  # GPU, versions, and this stage's command, for the report
   python3 - "$1" <<'EOF' > "$OUT/env-$1.json"
-import json, subprocess, sys, torch
+import json, os, subprocess, sys, torch
 v = {"torch": torch.__version__, "cuda": torch.version.cuda}
 for mod in ("vllm", "ray", "transformers"):
     try:
@@ -53,7 +53,8 @@ for mod in ("vllm", "ray", "transformers"):
 drv = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"], capture_output=True, text=True)
 v["driver"] = drv.stdout.strip().splitlines()[0] if drv.stdout.strip() else None
 print(json.dumps({"stage": sys.argv[1], "gpu": torch.cuda.get_device_name(0), "gpus": torch.cuda.device_count(),
-                  "versions": v}))
+                  "versions": v,
+                  "env": {k: x for k, x in sorted(os.environ.items()) if k.startswith(("TERNARY_", "RAY_SERVE_"))}}))
 EOF
 }
 
