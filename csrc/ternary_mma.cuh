@@ -43,13 +43,23 @@ __device__ __forceinline__ void mma(float d[4], const uint32_t a[4], uint32_t b0
 }
 #undef TERNARY_MMA_16816
 
+// (a & B) | C in one LOP3 (written as two C operations, ptxas emits an AND and an OR: a SASS
+// LOP3 takes one immediate, so it does not merge two constants; here it keeps C in a register).
+template <uint32_t B, uint32_t C>
+__device__ __forceinline__ uint32_t and_or(uint32_t a) {
+  uint32_t d;
+  asm("lop3.b32 %0, %1, %2, %3, 0xEA;\n" : "=r"(d) : "r"(a), "n"(B), "n"(C));
+  return d;
+}
+
 // The four weights of code byte `k` (0..3) of `word` as two packed pairs: lo = (w0, w1), hi = (w2, w3).
 template <typename T>
 __device__ __forceinline__ void decode_byte(uint32_t word, int k, uint32_t& lo, uint32_t& hi) {
   const uint32_t w = __byte_perm(word, 0u, 0x4040u | (uint32_t)k | ((uint32_t)k << 8));  // b | b << 16
   const uint32_t w1 = w >> 1;
-  lo = sub2<T>((w & 0x00040001u) | MmaTraits<T>::kMagic0, (w1 & 0x00040001u) | MmaTraits<T>::kMagic0);
-  hi = sub2<T>((w & 0x00400010u) | MmaTraits<T>::kMagic1, (w1 & 0x00400010u) | MmaTraits<T>::kMagic1);
+  constexpr uint32_t m0 = MmaTraits<T>::kMagic0, m1 = MmaTraits<T>::kMagic1;
+  lo = sub2<T>(and_or<0x00040001u, m0>(w), and_or<0x00040001u, m0>(w1));
+  hi = sub2<T>(and_or<0x00400010u, m1>(w), and_or<0x00400010u, m1>(w1));
 }
 
 }  // namespace ternary

@@ -49,10 +49,10 @@ __device__ __forceinline__ void cp_async8(void* smem, const void* gmem, bool pre
   const uint32_t s = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
   asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" ::"r"(s), "l"(gmem), "r"(pred ? 8 : 0));
 }
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 template <int N>
 __device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
 
 // Chunk c (0..15) of token row `row` is stored at chunk swizzle(row, c). A load phase is 8 lanes
@@ -94,23 +94,30 @@ ternary_tiled_kernel(const T* __restrict__ x,            // [M, K], K % 8 == 0, 
 
   // One unit's tile into stage `stage`: activations past M or K and codes past N or ldp are
   // zero-filled by cp.async (the source pointer is then any valid address; nothing is read).
+  // A round of the 256 threads copies 16 token rows (16 chunks of 16 bytes each) and 64 W rows
+  // (4 chunks of 8 bytes); a thread's chunk column and its rows' parity (the swizzle) are the
+  // same in every round and unit, so only the unit's k and the round's row move its addresses.
+  constexpr int kThreads = kTiledWarps * 32, kXRounds = S::BT * 16 / kThreads, kCRounds = S::BW * 4 / kThreads;
+  const int xr = threadIdx.x / 16, xc = threadIdx.x % 16;
+  const int xs_off = xr * kXRowBytes + 16 * swizzle(xr, xc);  // + 16 rows a round (even: same swizzle)
+  const T* xg = x + (size_t)min(m0 + xr, M - 1) * K + 8 * xc;
+  const int cr = threadIdx.x / 4, cc = threadIdx.x % 4;
+  const uint8_t* cg = packed + (size_t)min(n0 + cr, N - 1) * ldp + 8 * cc;
   auto load_unit = [&](int stage, int u) {
     uint8_t* xs = smem + stage * S::kStageBytes;
     uint8_t* cs = xs + S::kXBytes;
-    const int k0 = u * kUnit;
+    const bool k_ok = u * kUnit + 8 * xc < K;
 #pragma unroll
-    for (int it = 0; it < S::BT * 16 / (kTiledWarps * 32); ++it) {
-      const int i = threadIdx.x + it * kTiledWarps * 32;
-      const int row = i / 16, c = i % 16, m = m0 + row, k = k0 + 8 * c;
-      const bool ok = m < M && k < K;
-      cp_async16(xs + row * kXRowBytes + 16 * swizzle(row, c), ok ? x + (size_t)m * K + k : x, ok);
+    for (int it = 0; it < kXRounds; ++it) {
+      const bool ok = k_ok && m0 + xr + 16 * it < M;
+      cp_async16(xs + xs_off + it * 16 * kXRowBytes, ok ? xg + (size_t)it * 16 * K + u * kUnit : x, ok);
     }
+    const bool byte_ok = u * kCodeRowBytes + 8 * cc < ldp;
 #pragma unroll
-    for (int it = 0; it < S::BW * 4 / (kTiledWarps * 32); ++it) {
-      const int i = threadIdx.x + it * kTiledWarps * 32;
-      const int row = i / 4, c = i % 4, n = n0 + row, byte = u * kCodeRowBytes + 8 * c;
-      const bool ok = n < N && byte < ldp;
-      cp_async8(cs + row * kCodeRowBytes + 8 * c, ok ? packed + (size_t)n * ldp + byte : packed, ok);
+    for (int it = 0; it < kCRounds; ++it) {
+      const bool ok = byte_ok && n0 + cr + 64 * it < N;
+      cp_async8(cs + cr * kCodeRowBytes + 8 * cc + it * 64 * kCodeRowBytes,
+                ok ? cg + (size_t)it * 64 * ldp + u * kCodeRowBytes : packed, ok);
     }
   };
 
@@ -166,12 +173,11 @@ ternary_tiled_kernel(const T* __restrict__ x,            // [M, K], K % 8 == 0, 
 #pragma unroll
     for (int qq = 0; qq < 4 / WK; ++qq) {
       const int q = WK == 1 ? qq : qq * WK + warp_k;  // this warp's step pair: steps 2q, 2q + 1
+      // token rows warp_t*8NT + 8j + g: all of g's parity, so one swizzled chunk for every j
+      const uint8_t* xq = xs + (warp_t * 8 * NT + g) * kXRowBytes + 16 * swizzle(g, 4 * t + q);
       uint4 xb[NT];
 #pragma unroll
-      for (int j = 0; j < NT; ++j) {
-        const int row = warp_t * 8 * NT + 8 * j + g;
-        xb[j] = *reinterpret_cast<const uint4*>(xs + row * kXRowBytes + 16 * swizzle(row, 4 * t + q));
-      }
+      for (int j = 0; j < NT; ++j) xb[j] = *reinterpret_cast<const uint4*>(xq + j * 8 * kXRowBytes);
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
         const int st = 2 * q + half;  // code byte st of the thread's 8

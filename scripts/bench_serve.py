@@ -85,7 +85,10 @@ async def run_level(model_id: str, key: str | None, concurrency: int, requests: 
 def deploy_failure(log: Path) -> str | None:
     """The error lines of a failed application build or deployment in serve_local.sh's log."""
     text = log.read_text(errors="replace") if log.exists() else ""
-    if "Exception importing application" not in text and "DEPLOY_FAILED" not in text:
+    # the controller's line (on stderr where Serve logs there) or the raylet's, which is always
+    # forwarded: Serve retries the build task, so the first failure is the answer
+    markers = ("Exception importing application", "DEPLOY_FAILED", "Task build_serve_application failed")
+    if not any(m in text for m in markers):
         return None
     errors = [line for line in text.splitlines() if "Error" in line and "Traceback" not in line]
     return "\n".join(dict.fromkeys(errors[-6:])) or "see the log"

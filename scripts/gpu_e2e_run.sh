@@ -129,6 +129,31 @@ EOF2
   done
 }
 
+stage_profile_tiled() {  # Nsight Compute on the tiled kernel: gate_up at M 4096 (128-row tile) and
+  # o (K 2048, N 1024) at M 256 (64-row tile, 4 warps per unit)
+  for case in gate_up:1024:6144:4096 o:2048:1024:256; do
+    IFS=: read -r name k n m <<< "$case"
+    timeout 150 ncu --clock-control none -k regex:ternary_tiled_kernel --launch-skip 3 --launch-count 1 \
+      --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
+      --section MemoryWorkloadAnalysis --section SchedulerStats --section ComputeWorkloadAnalysis \
+      python3 - "$m" "$k" "$n" > "$LOGS/ncu-tiled-$name-m$m.txt" 2>&1 <<'EOF2'
+import sys, torch
+from ternary_plugin import format as fmt, ops
+assert ops.cuda_op_available(), ops._state
+m, k, n = (int(a) for a in sys.argv[1:4])
+packed = ops.pad_packed_rows(fmt.pack_ternary(torch.randint(-1, 2, (n, k), dtype=torch.int8))).cuda()
+scale = (torch.rand(n, fmt.scale_cols(k, 128)) * 0.05 + 0.01).half().cuda()
+x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
+for _ in range(5):
+    torch.ops.ternary_serve.gemm_path(x, packed, scale, None, 128, 0, 4, 0)
+torch.cuda.synchronize()
+EOF2
+    echo "--- ncu tiled $name M=$m"
+    grep -E "Duration|Memory Throughput|DRAM Throughput|Compute \(SM\) Throughput|Registers Per|Achieved Occupancy|Block Limit|Warp Cycles Per Issued|Stall|Grid Size|Dynamic Shared|Waves Per SM|L2 Hit|Issue Slots Busy|Executed Ipc A|Pipe|One or More|No Eligible|Bank" \
+      "$LOGS/ncu-tiled-$name-m$m.txt" | head -45
+  done
+}
+
 stage_prepare() {
   python3 scripts/bench_e2e.py prepare "$OUT" ${MINILM_SRC:+--minilm "$MINILM_SRC"} ${SKIP_QWEN:+--skip-qwen} 2>&1 | tail -40
 }

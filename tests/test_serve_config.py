@@ -103,6 +103,9 @@ def test_bench_serve_stops_at_a_failed_deploy(tmp_path):
     log.write_text("starting\n(ServeController) ImportError: vLLM is installed but failed to import\n"
                    "WARNING controller -- Exception importing application 'ternary-embeddings'.\n")
     assert "ImportError: vLLM is installed but failed to import" in deploy_failure(log)
+    log.write_text("(raylet) Task build_serve_application failed. There are 3 retries remaining, so the task will "
+                   "be retried.\nValueError: model: 'models/x' has no config.json; convert a model first\n")
+    assert "ValueError: model: 'models/x' has no config.json" in deploy_failure(log)
     log.write_text("Deployed app 'ternary-embeddings' successfully.\n")
     assert deploy_failure(log) is None
 
