@@ -1,24 +1,26 @@
 // Mid/large-M ternary GEMM on the tensor cores: y[M, N] = x[M, K] @ W^T (+ bias), M >= ~64.
 //
 // The weights never leave their 2-bit form in memory: a CTA copies a tile's packed codes and
-// activations for one 128-weight unit of K (one scale block) into shared memory with cp.async,
-// several units ahead (kTiledStages), and each warp decodes its codes in registers straight
-// into mma.sync A fragments. No bf16 copy of W exists at any point (the dequantize + cuBLAS
-// path writes and reads one per call).
+// activations into shared memory with cp.async, STAGES - 1 stages ahead, and each warp decodes
+// its codes in registers straight into mma.sync A fragments. No bf16 copy of W exists at any
+// point (the dequantize + cuBLAS path writes and reads one per call).
 //
 // Layout and decode are those of the small-M kernel (ternary_mma.cu, its header explains them):
 // W rows are the MMA's M side, tokens its N side; thread t of a quad takes physical weights
-// 32t + 4s .. 32t + 4s + 3 of the unit at step s (one code byte per W row, 4 activations per
-// token), so one unit's 8 mma steps sum exactly one scale block, finished in fp32 and scaled
-// once. Here the activations come from shared memory: a thread reads 16 bytes (two steps) of
-// its token row per load. The 16-byte chunks of a token row are XOR-swizzled (`swizzle`) so that
-// the 8 lanes of each load phase hit 8 different bank groups.
+// 32t + 4s .. 32t + 4s + 3 of a 128-weight unit (one scale block) at step s (one code byte per
+// W row, 4 activations per token). Unlike the small-M kernel, the block's scale is multiplied
+// into the decoded weights (one bf16x2/half2 multiply per A register: the same W values the
+// dequantize path gives cuBLAS, fp32 accumulation): a per-block fp32 partial sum would cost a
+// second accumulator tile in registers and halve the tokens a warp can take. The activations
+// come from shared memory, 16 bytes (two steps) of a token row per load; the 16-byte chunks of
+// a token row are XOR-swizzled (`swizzle`) so that the 8 lanes of each load phase hit 8
+// different bank groups.
 //
 // Work split: a CTA of 8 warps owns BW = WW*16R W rows x BT = WT*8NT tokens; its warps form a
-// WW x WT x WK grid: WK > 1 splits each unit's 4 step pairs between WK warps of the same
-// output tile (for tiles too few to fill the SMs), and their partial tiles are added through
-// shared memory in a fixed order (deterministic). The output tile is staged in shared memory
-// and written with 16-byte row stores.
+// WW x WT x WK grid. A pipeline stage holds WK consecutive units and warp_k takes the
+// warp_k-th, whole (so the decode and the scale multiply of a unit are paid once per 8 mma
+// steps); the WK partial tiles are added through shared memory in a fixed order (deterministic)
+// at the end. The output tile is staged in shared memory and written with 16-byte row stores.
 //
 // Requires (checked by the host): K % 8 == 0 and x 16-byte aligned (16-byte cp.async of
 // activations), rows padded to 8 bytes (ternary_plugin.ops.pad_packed_rows), block_size and
@@ -36,7 +38,6 @@ namespace ternary {
 namespace {
 
 constexpr int kTiledWarps = 8;
-constexpr int kTiledStages = 4;       // units in shared memory: 3 loading while one is consumed
 constexpr int kUnit = 128;            // weights of K per stage (one scale block)
 constexpr int kXRowBytes = kUnit * 2;    // one token's activations of a unit: 16 chunks of 16 bytes
 constexpr int kCodeRowBytes = kUnit / 4;  // one W row's codes of a unit
@@ -60,15 +61,17 @@ __device__ __forceinline__ void cp_async_wait() {
 // t >> 1 (= c >> 3) and row & 1, so the 8 lanes land on 8 different 16-byte bank groups.
 __device__ __forceinline__ int swizzle(int row, int c) { return c ^ (((row & 1) << 1) | ((c >> 3) & 1)); }
 
-template <int WW, int WT, int WK, int R, int NT>
+template <int WW, int WT, int WK, int R, int NT, int STAGES>
 struct TiledShape {
-  static_assert(WW * WT * WK == kTiledWarps && (WK == 1 || WK == 2 || WK == 4), "8 warps; WK divides 4");
+  static_assert(WW * WT * WK == kTiledWarps && WK >= 1, "8 warps");
   static constexpr int BW = WW * 16 * R, BT = WT * 8 * NT;
   static_assert(BT * 16 % (kTiledWarps * 32) == 0 && BW * 4 % (kTiledWarps * 32) == 0, "whole copy rounds");
-  static constexpr int kXBytes = BT * kXRowBytes, kStageBytes = kXBytes + BW * kCodeRowBytes;
+  // a stage holds WK consecutive units, one for each warp_k
+  static constexpr int kXUnitBytes = BT * kXRowBytes, kCUnitBytes = BW * kCodeRowBytes;
+  static constexpr int kStageBytes = WK * (kXUnitBytes + kCUnitBytes);
   static constexpr int kTileFloats = R * NT * 4 * 32;  // one warp's accumulators
   static constexpr int kOutLd = BW + 8;                 // output tile row, padded: no bank conflicts
-  static constexpr int kPipeBytes = kTiledStages * kStageBytes;
+  static constexpr int kPipeBytes = STAGES * kStageBytes;
   static constexpr int kRedBytes = (WK - 1) * WW * WT * kTileFloats * 4;
   static constexpr int kOutBytes = BT * kOutLd * 2;
   static constexpr int kSmemBytes =
@@ -76,7 +79,25 @@ struct TiledShape {
                              : (kRedBytes > kOutBytes ? kRedBytes : kOutBytes);
 };
 
-template <typename T, int WW, int WT, int WK, int R, int NT>
+// x2 (a packed pair) * s2, elementwise in T
+template <typename T>
+__device__ __forceinline__ uint32_t mul2(uint32_t a, uint32_t b) {
+  using T2 = typename MmaTraits<T>::T2;
+  T2 r = __hmul2(*reinterpret_cast<T2*>(&a), *reinterpret_cast<T2*>(&b));
+  return *reinterpret_cast<uint32_t*>(&r);
+}
+
+// An fp16 scale's bits as the pair (s, s) in T (exact for fp16; bf16 rounds it, as the
+// dequantize kernel does).
+template <typename T>
+__device__ __forceinline__ uint32_t scale_pair(unsigned short bits) {
+  using T2 = typename MmaTraits<T>::T2;
+  const T s = Vec<T>::from_float(scale_from_bits(bits));
+  T2 p{s, s};
+  return *reinterpret_cast<uint32_t*>(&p);
+}
+
+template <typename T, int WW, int WT, int WK, int R, int NT, int STAGES>
 __global__ void __launch_bounds__(kTiledWarps * 32, 1)
 ternary_tiled_kernel(const T* __restrict__ x,            // [M, K], K % 8 == 0, 16-byte aligned
                      const uint8_t* __restrict__ packed,  // [N, ldp], ldp % 8 == 0
@@ -84,44 +105,51 @@ ternary_tiled_kernel(const T* __restrict__ x,            // [M, K], K % 8 == 0, 
                      const T* __restrict__ bias,          // [N] or nullptr
                      T* __restrict__ y,                   // [M, N]
                      int M, int N, int K, int ldp, int lds, int block_size, int k_offset) {
-  using S = TiledShape<WW, WT, WK, R, NT>;
+  using S = TiledShape<WW, WT, WK, R, NT, STAGES>;
   extern __shared__ __align__(16) uint8_t smem[];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane / 4, t = lane % 4;
   const int warp_w = warp % WW, warp_t = (warp / WW) % WT, warp_k = warp / (WW * WT);
   const int n0 = blockIdx.x * S::BW, m0 = blockIdx.y * S::BT;
   const int units = (K + kUnit - 1) / kUnit;
+  const int groups = (units + WK - 1) / WK;  // stages' worth of units: warp_k takes unit WK*grp + warp_k
 
-  // One unit's tile into stage `stage`: activations past M or K and codes past N or ldp are
-  // zero-filled by cp.async (the source pointer is then any valid address; nothing is read).
-  // A round of the 256 threads copies 16 token rows (16 chunks of 16 bytes each) and 64 W rows
-  // (4 chunks of 8 bytes); a thread's chunk column and its rows' parity (the swizzle) are the
-  // same in every round and unit, so only the unit's k and the round's row move its addresses.
+  // One stage's WK units: activations past M or K and codes past N or ldp are zero-filled by
+  // cp.async (the source pointer is then any valid address; nothing is read). A round of the
+  // 256 threads copies 16 token rows (16 chunks of 16 bytes each) and 64 W rows (4 chunks of 8
+  // bytes); a thread's chunk column and its rows' parity (the swizzle) are the same in every
+  // round and unit, so only the unit's k and the round's row move its addresses.
   constexpr int kThreads = kTiledWarps * 32, kXRounds = S::BT * 16 / kThreads, kCRounds = S::BW * 4 / kThreads;
   const int xr = threadIdx.x / 16, xc = threadIdx.x % 16;
   const int xs_off = xr * kXRowBytes + 16 * swizzle(xr, xc);  // + 16 rows a round (even: same swizzle)
   const T* xg = x + (size_t)min(m0 + xr, M - 1) * K + 8 * xc;
   const int cr = threadIdx.x / 4, cc = threadIdx.x % 4;
   const uint8_t* cg = packed + (size_t)min(n0 + cr, N - 1) * ldp + 8 * cc;
-  auto load_unit = [&](int stage, int u) {
-    uint8_t* xs = smem + stage * S::kStageBytes;
-    uint8_t* cs = xs + S::kXBytes;
-    const bool k_ok = u * kUnit + 8 * xc < K;
+  auto load_group = [&](int stage, int grp) {
 #pragma unroll
-    for (int it = 0; it < kXRounds; ++it) {
-      const bool ok = k_ok && m0 + xr + 16 * it < M;
-      cp_async16(xs + xs_off + it * 16 * kXRowBytes, ok ? xg + (size_t)it * 16 * K + u * kUnit : x, ok);
-    }
-    const bool byte_ok = u * kCodeRowBytes + 8 * cc < ldp;
+    for (int i = 0; i < WK; ++i) {
+      const int u = grp * WK + i;
+      if (u >= units) break;
+      uint8_t* xs = smem + stage * S::kStageBytes + i * S::kXUnitBytes;
+      uint8_t* cs = smem + stage * S::kStageBytes + WK * S::kXUnitBytes + i * S::kCUnitBytes;
+      const bool k_ok = u * kUnit + 8 * xc < K;
 #pragma unroll
-    for (int it = 0; it < kCRounds; ++it) {
-      const bool ok = byte_ok && n0 + cr + 64 * it < N;
-      cp_async8(cs + cr * kCodeRowBytes + 8 * cc + it * 64 * kCodeRowBytes,
-                ok ? cg + (size_t)it * 64 * ldp + u * kCodeRowBytes : packed, ok);
+      for (int it = 0; it < kXRounds; ++it) {
+        const bool ok = k_ok && m0 + xr + 16 * it < M;
+        cp_async16(xs + xs_off + it * 16 * kXRowBytes, ok ? xg + (size_t)it * 16 * K + u * kUnit : x, ok);
+      }
+      const bool byte_ok = u * kCodeRowBytes + 8 * cc < ldp;
+#pragma unroll
+      for (int it = 0; it < kCRounds; ++it) {
+        const bool ok = byte_ok && n0 + cr + 64 * it < N;
+        cp_async8(cs + cr * kCodeRowBytes + 8 * cc + it * 64 * kCodeRowBytes,
+                  ok ? cg + (size_t)it * 64 * ldp + u * kCodeRowBytes : packed, ok);
+      }
     }
   };
 
-  // This thread's W rows (tile-local) and their scale rows (clamped past N: never stored).
+  // This thread's W rows (tile-local) and their scale rows (clamped past N: never stored). The
+  // scales of the warp's next unit are loaded one group ahead (their latency is not waited for).
   int wrow[R][2];
   const unsigned short* srow[R][2];
 #pragma unroll
@@ -131,6 +159,13 @@ ternary_tiled_kernel(const T* __restrict__ x,            // [M, K], K % 8 == 0, 
       wrow[r][h] = warp_w * 16 * R + 16 * r + g + 8 * h;
       srow[r][h] = reinterpret_cast<const unsigned short*>(scale) + (size_t)min(n0 + wrow[r][h], N - 1) * lds;
     }
+  auto load_scales = [&](unsigned short (&sb)[R][2], int u) {
+    const int col = (min(u, units - 1) * kUnit + k_offset) / block_size;
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) sb[r][h] = __ldg(srow[r][h] + col);
+  };
 
   float acc[R][NT][4];
 #pragma unroll
@@ -141,67 +176,67 @@ ternary_tiled_kernel(const T* __restrict__ x,            // [M, K], K % 8 == 0, 
       for (int i = 0; i < 4; ++i) acc[r][j][i] = 0.f;
 
 #pragma unroll
-  for (int s = 0; s < kTiledStages - 1; ++s) {
-    if (s < units) load_unit(s, s);
+  for (int s = 0; s < STAGES - 1; ++s) {
+    if (s < groups) load_group(s, s);
     cp_async_commit();
   }
-  for (int u = 0; u < units; ++u) {
-    cp_async_wait<kTiledStages - 2>();  // unit u has landed (this thread's copies) ...
-    __syncthreads();                    // ... everyone's, and stage (u - 1) % kStages is free
-    if (u + kTiledStages - 1 < units) load_unit((u + kTiledStages - 1) % kTiledStages, u + kTiledStages - 1);
+  unsigned short sb_cur[R][2], sb_nxt[R][2];
+  if (units > 0) load_scales(sb_cur, warp_k);
+  for (int grp = 0; grp < groups; ++grp) {
+    cp_async_wait<STAGES - 2>();  // group grp has landed (this thread's copies) ...
+    __syncthreads();              // ... everyone's, and stage (grp - 1) % STAGES is free
+    if (grp + STAGES - 1 < groups) load_group((grp + STAGES - 1) % STAGES, grp + STAGES - 1);
     cp_async_commit();
+    load_scales(sb_nxt, (grp + 1) * WK + warp_k);
 
-    const uint8_t* xs = smem + (u % kTiledStages) * S::kStageBytes;
-    const uint8_t* cs = xs + S::kXBytes;
-    const int sb = (u * kUnit + k_offset) / block_size;
-    unsigned short sbits[R][2];
-    uint2 codes[R][2];
+    const int u = grp * WK + warp_k;
+    if (u < units) {  // warp-uniform
+      const uint8_t* xs = smem + (grp % STAGES) * S::kStageBytes + warp_k * S::kXUnitBytes;
+      const uint8_t* cs = smem + (grp % STAGES) * S::kStageBytes + WK * S::kXUnitBytes + warp_k * S::kCUnitBytes;
+      uint2 codes[R][2];
+      uint32_t s2[R][2];
 #pragma unroll
-    for (int r = 0; r < R; ++r)
+      for (int r = 0; r < R; ++r)
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        sbits[r][h] = __ldg(srow[r][h] + sb);
-        codes[r][h] = *reinterpret_cast<const uint2*>(cs + wrow[r][h] * kCodeRowBytes + 8 * t);
-      }
-    float blk[R][NT][4];
+        for (int h = 0; h < 2; ++h) {
+          codes[r][h] = *reinterpret_cast<const uint2*>(cs + wrow[r][h] * kCodeRowBytes + 8 * t);
+          s2[r][h] = scale_pair<T>(sb_cur[r][h]);
+        }
+      // token rows warp_t*8NT + 8j + g: all of g's parity, so one swizzled chunk per step pair
+      const uint8_t* xrow = xs + (warp_t * 8 * NT + g) * kXRowBytes;
 #pragma unroll
-    for (int r = 0; r < R; ++r)
+      for (int q = 0; q < 4; ++q) {  // steps 2q, 2q + 1: code bytes 2q, 2q + 1 of the thread's 8
+        uint32_t a[2][R][4];
 #pragma unroll
-      for (int j = 0; j < NT; ++j)
+        for (int half = 0; half < 2; ++half)
 #pragma unroll
-        for (int i = 0; i < 4; ++i) blk[r][j][i] = 0.f;
+          for (int r = 0; r < R; ++r) {
+            const int st = 2 * q + half;
+            uint32_t* f = a[half][r];
+            decode_byte<T>(st < 4 ? codes[r][0].x : codes[r][0].y, st & 3, f[0], f[2]);  // row g
+            decode_byte<T>(st < 4 ? codes[r][1].x : codes[r][1].y, st & 3, f[1], f[3]);  // row g + 8
+            // the block's scale goes into the weights (as the dequantize path's bf16 W does)
+            f[0] = mul2<T>(f[0], s2[r][0]);
+            f[2] = mul2<T>(f[2], s2[r][0]);
+            f[1] = mul2<T>(f[1], s2[r][1]);
+            f[3] = mul2<T>(f[3], s2[r][1]);
+          }
+        const uint8_t* xq = xrow + 16 * swizzle(g, 4 * t + q);
 #pragma unroll
-    for (int qq = 0; qq < 4 / WK; ++qq) {
-      const int q = WK == 1 ? qq : qq * WK + warp_k;  // this warp's step pair: steps 2q, 2q + 1
-      // token rows warp_t*8NT + 8j + g: all of g's parity, so one swizzled chunk for every j
-      const uint8_t* xq = xs + (warp_t * 8 * NT + g) * kXRowBytes + 16 * swizzle(g, 4 * t + q);
-      uint4 xb[NT];
+        for (int j = 0; j < NT; ++j) {
+          const uint4 xb = *reinterpret_cast<const uint4*>(xq + j * 8 * kXRowBytes);
 #pragma unroll
-      for (int j = 0; j < NT; ++j) xb[j] = *reinterpret_cast<const uint4*>(xq + j * 8 * kXRowBytes);
-#pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        const int st = 2 * q + half;  // code byte st of the thread's 8
-#pragma unroll
-        for (int r = 0; r < R; ++r) {
-          uint32_t a[4];
-          decode_byte<T>(st < 4 ? codes[r][0].x : codes[r][0].y, st & 3, a[0], a[2]);  // row g
-          decode_byte<T>(st < 4 ? codes[r][1].x : codes[r][1].y, st & 3, a[1], a[3]);  // row g + 8
-#pragma unroll
-          for (int j = 0; j < NT; ++j) mma<T>(blk[r][j], a, half ? xb[j].z : xb[j].x, half ? xb[j].w : xb[j].y);
+          for (int r = 0; r < R; ++r) {
+            mma<T>(acc[r][j], a[0][r], xb.x, xb.y);
+            mma<T>(acc[r][j], a[1][r], xb.z, xb.w);
+          }
         }
       }
     }
 #pragma unroll
-    for (int r = 0; r < R; ++r) {
-      const float s0 = scale_from_bits(sbits[r][0]), s1 = scale_from_bits(sbits[r][1]);
+    for (int r = 0; r < R; ++r)
 #pragma unroll
-      for (int j = 0; j < NT; ++j) {
-        acc[r][j][0] += s0 * blk[r][j][0];
-        acc[r][j][1] += s0 * blk[r][j][1];
-        acc[r][j][2] += s1 * blk[r][j][2];
-        acc[r][j][3] += s1 * blk[r][j][3];
-      }
-    }
+      for (int h = 0; h < 2; ++h) sb_cur[r][h] = sb_nxt[r][h];
   }
   cp_async_wait<0>();
   __syncthreads();  // the pipeline's shared memory is free from here
@@ -268,11 +303,11 @@ ternary_tiled_kernel(const T* __restrict__ x,            // [M, K], K % 8 == 0, 
   }
 }
 
-template <typename T, int WW, int WT, int WK, int R, int NT>
+template <typename T, int WW, int WT, int WK, int R, int NT, int STAGES>
 cudaError_t launch_shape(const T* x, const uint8_t* packed, const __half* scale, const T* bias, T* y, int M, int N,
                          int K, int ldp, int lds, int block_size, int k_offset, cudaStream_t stream) {
-  using S = TiledShape<WW, WT, WK, R, NT>;
-  auto kernel = ternary_tiled_kernel<T, WW, WT, WK, R, NT>;
+  using S = TiledShape<WW, WT, WK, R, NT, STAGES>;
+  auto kernel = ternary_tiled_kernel<T, WW, WT, WK, R, NT, STAGES>;
   // more than 48 KB of dynamic shared memory is an opt-in, per function and device
   static int smem_set[kMaxDevices] = {};
   cudaError_t err = cudaSuccess;
@@ -287,8 +322,9 @@ cudaError_t launch_shape(const T* x, const uint8_t* packed, const __half* scale,
   return cudaGetLastError();
 }
 
-// Two tiles: "large" 128 W rows x 128 tokens (warps 4 x 2, 32 x 64 each) and "small" 64 x 64
-// (warps 2 x 1 x 4: two output tiles of 32 x 64, each unit's step pairs split over 4 warps).
+// Two tiles, 3 stages of 72 KB each: "large" 128 W rows x 128 tokens (warps 4 x 1 x 2: four
+// 32 x 128 output tiles, two units a stage) and "small" 64 x 64 (warps 2 x 1 x 4: two 32 x 64
+// output tiles, four units a stage, for shapes whose large tiles would leave SMs idle).
 template <typename T>
 cudaError_t launch_tiled_t(const void* x, const uint8_t* packed, const __half* scale, const void* bias, void* y,
                            int M, int N, int K, int ldp, int lds, int block_size, int k_offset, int tile,
@@ -302,10 +338,10 @@ cudaError_t launch_tiled_t(const void* x, const uint8_t* packed, const __half* s
   }
   switch (tile) {
     case 128:
-      return launch_shape<T, 4, 2, 1, 2, 8>(xt, packed, scale, bt, yt, M, N, K, ldp, lds, block_size, k_offset,
+      return launch_shape<T, 4, 1, 2, 2, 16, 3>(xt, packed, scale, bt, yt, M, N, K, ldp, lds, block_size, k_offset,
                                             stream);
     case 64:
-      return launch_shape<T, 2, 1, 4, 2, 8>(xt, packed, scale, bt, yt, M, N, K, ldp, lds, block_size, k_offset,
+      return launch_shape<T, 2, 1, 4, 2, 8, 3>(xt, packed, scale, bt, yt, M, N, K, ldp, lds, block_size, k_offset,
                                             stream);
     default: return cudaErrorInvalidValue;
   }
