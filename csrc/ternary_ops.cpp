@@ -26,9 +26,12 @@ namespace {
 // Dispatch by M (measured on the H200, benchmarks/results/kernel-h200.md):
 //   M <= TERNARY_MMA_MAX_M (default 32) and the layer's blocks start on 128-weight boundaries:
 //     the tensor-core kernel (csrc/ternary_mma.cu);
-//   else M <= TERNARY_TILED_MAX_M (default 0: off until measured) and the tiled kernel's
-//     conditions hold (blocks on 128-weight boundaries, K % 8 == 0, x 16-byte aligned): the
-//     tiled tensor-core kernel (csrc/ternary_tiled.cu);
+//   else M <= TERNARY_TILED_MAX_M (default 64), N >= TERNARY_TILED_MIN_N (default 1536) and the
+//     tiled kernel's conditions hold (blocks on 128-weight boundaries, K % 8 == 0, x 16-byte
+//     aligned): the tiled tensor-core kernel (csrc/ternary_tiled.cu). At M = 64 it beat
+//     dequantize + cuBLAS on every measured shape with N >= 1536 (gate_up/tp4 1.06x, qkv
+//     1.46x, gate_up 1.78x) and lost on the N = 1024 ones (its 16 CTAs leave most SMs idle);
+//     from M = 256 up it is slower everywhere (kernel-h200.md, "Tiled tensor-core kernel");
 //   else M <= TERNARY_GEMV_MAX_M (default 1): the warp-per-row kernel (any k_offset);
 //   else: dequantize + cuBLAS.
 int64_t env_int(const char* name, int64_t fallback) {
@@ -45,7 +48,11 @@ int64_t mma_max_m() {
 }
 
 int64_t tiled_max_m() {
-  static const int64_t v = env_int("TERNARY_TILED_MAX_M", 0);
+  static const int64_t v = env_int("TERNARY_TILED_MAX_M", 64);
+  return v;
+}
+int64_t tiled_min_n() {
+  static const int64_t v = env_int("TERNARY_TILED_MIN_N", 1536);
   return v;
 }
 
@@ -138,7 +145,7 @@ torch::Tensor gemm_path(const torch::Tensor& x,       // [M, K] bf16/fp16
                         reinterpret_cast<uintptr_t>(x.data_ptr()) % 16 == 0;
   if (path == kAuto) {
     path = (mma_ok && M <= mma_max_m())      ? kMma
-           : (tiled_ok && M <= tiled_max_m()) ? kTiled
+           : (tiled_ok && M <= tiled_max_m() && N >= tiled_min_n()) ? kTiled
            : (rows_padded && M <= gemv_max_m()) ? kGemv
                                                 : kDequant;
   }

@@ -22,15 +22,21 @@ from pathlib import Path
 DEPLOYMENT_PREFIX = "TernaryLLMServer"
 
 
-def loopback_driver(address: str) -> None:
-    """A cluster on 127.0.0.1 (scripts/serve_local.sh): keep this driver on loopback too. Without
+def driver_env(address: str) -> None:
+    """The environment this driver needs before ray is imported (ray reads both at import).
+
+    A cluster on 127.0.0.1 (scripts/serve_local.sh): keep this driver on loopback too. Without
     RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 (scripts/env.sh sets it for the cluster) Ray rewrites
     the driver's 127.0.0.1:PORT to the machine's interface address and waits for a GCS that is
     not there: on the lent H200, "Failed to connect to GCS at address 192.0.2.2:6390" until the
-    watchdog fired; with it, connected in 1.4 s. An explicit setting is left alone. Must run
-    before ray is first imported: ray_constants reads the variable at import."""
+    watchdog fired; with it, connected in 1.4 s. An explicit setting is left alone."""
     if address.rsplit(":", 1)[0] in ("127.0.0.1", "localhost"):
         os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+    # This driver calls its handles from synchronous code: Serve's throughput-optimized mode
+    # (RAY_SERVE_THROUGHPUT_OPTIMIZED=1 exported where the cluster was started) would put their
+    # router on an event loop it does not have ("No event loop running ..."). Its own setting
+    # wins where an operator gives one.
+    os.environ.setdefault("RAY_SERVE_RUN_ROUTER_IN_SEPARATE_LOOP", "1")
 
 
 def live(address: str, app: str | None, timeout: float, restart_bad: bool, progress: dict | None = None):
@@ -38,7 +44,7 @@ def live(address: str, app: str | None, timeout: float, restart_bad: bool, progr
     each with the checkpoint. `progress["step"]` says what it is doing (for a timeout's message)."""
     progress = {} if progress is None else progress
     progress["step"] = f"ray.init(address={address!r})"
-    loopback_driver(address)
+    driver_env(address)
     import ray
     from ray import serve
 

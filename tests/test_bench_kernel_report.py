@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from scripts.bench_kernel import markdown, tiled_max_m
+from scripts.bench_kernel import markdown
 
 
 def _row(shape, m, ternary, cublas, **extra):
@@ -34,17 +34,13 @@ def _tiled(shape, m, op, tiled, **extra):
                 **extra)
 
 
-def test_tiled_kernel_dispatch_limit_is_the_last_m_it_wins_at():
-    rows = [_tiled("o", 64, 10.0, 5.0), _tiled("down", 64, 10.0, 12.0),  # geomean 10/sqrt(60) > 1: wins
-            _tiled("o", 256, 10.0, 8.0), _tiled("down", 256, 10.0, 9.0),
-            _tiled("o", 1024, 10.0, 12.0), _tiled("down", 1024, 10.0, 9.0),  # geomean < 1: stops here
-            _tiled("o", 4096, 10.0, 5.0), _tiled("down", 4096, 10.0, 5.0)]  # wins again, not contiguous
-    assert tiled_max_m(rows) == 256
-    assert tiled_max_m([_tiled("o", 64, 10.0, 11.0)]) == 0
-    wrong = [_tiled("o", 64, 10.0, 5.0), _row("down", 64, 10.0, 10.0, tiled_error="relative error 1.0e+00")]
-    assert tiled_max_m(wrong) == 0
+def test_tiled_kernel_table_says_where_it_beats_dequantize_and_cublas():
+    rows = [_tiled("qkv", 64, 11.0, 7.5), _tiled("o", 64, 9.5, 12.0),
+            _row("down", 64, 10.0, 10.0, tiled_error="relative error 1.0e+00")]
     md = markdown({"gpu": "H200", "torch": "2.11", "cuda": "13.0", "command": "c",
-                   "ceilings": {"copy_TBps": 2.7, "bf16_matmul_8192_TFLOPs": 790.0}, "rows": wrong})
-    assert "| o | 64 | 5.0 | 5.0 | 6.0 | 10.0 | 9.0 | 10.0 | 2.000x |" in md
+                   "ceilings": {"copy_TBps": 2.7, "bf16_matmul_8192_TFLOPs": 790.0}, "rows": rows})
+    # dequant_us is 9.0 in every _row: 9.0 / 7.5 = 1.2, 9.0 / 12.0 = 0.75
+    assert "| qkv | 64 | 7.5 | 7.5 | 8.5 | 11.0 | 9.0 | 11.0 | 1.200x | 1.467x |" in md
+    assert "| o | 64 | 12.0 | 12.0 | 13.0 | 9.5 | 9.0 | 9.5 | 0.750x | 0.792x |" in md
+    assert "Tiled kernel faster than dequantize + cuBLAS in 1 of 2 rows: qkv M=64." in md
     assert "tiled kernel WRONG at down M=64: relative error 1.0e+00" in md
-    assert "faster than the op's dispatch (geometric mean over the shapes) up to M = 0 (0: at no M)." in md

@@ -218,6 +218,32 @@ def test_tiled_kernel_is_deterministic_and_refuses_what_it_cannot_read():
                                           128, 0, TILED, 32)
 
 
+def test_default_dispatch_takes_the_tiled_kernel_only_where_it_was_measured_faster():
+    """Without the overrides the kernel stage sets: M <= 64 and N >= 1536 -> the tiled kernel
+    (bit-identical to it forced), N = 1024 or M = 65 -> dequantize + cuBLAS."""
+    import os
+    import subprocess
+    import sys
+
+    code = (
+        "import torch\n"
+        "from tests.test_kernel_gpu import _case\n"
+        "out = []\n"
+        "for m, n in ((64, 2048), (40, 1536), (64, 1024), (65, 2048)):\n"
+        "    x, packed, scale, bias, _, _ = _case(m, n, 1024, 0, 128, torch.bfloat16, seed=m + n)\n"
+        "    y = torch.ops.ternary_serve.gemm(x, packed, scale, bias, 128, 0)\n"
+        "    same = [p for p in (3, 4) if torch.equal(y, torch.ops.ternary_serve.gemm_path(x, packed, scale, bias, 128,"
+        " 0, p, 0))]\n"
+        "    out.append(f'{m},{n}:{same}')\n"
+        "print(' '.join(out))\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TERNARY_")}
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300, check=False,
+                          cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.split() == ["64,2048:[4]", "40,1536:[4]", "64,1024:[3]", "65,2048:[3]"], proc.stdout
+
+
 def test_reference_path_agrees_on_gpu():
     x, packed, scale, bias, _, _ = _case(4, 96, 502, 118, 128, torch.bfloat16, seed=1)
     y = torch.ops.ternary_serve.gemm(x, packed, scale, bias, 128, 118)

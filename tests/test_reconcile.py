@@ -102,14 +102,29 @@ def test_cli_against_no_cluster_exits_2_naming_the_address(tmp_path):
 def test_a_loopback_address_keeps_the_driver_on_loopback(monkeypatch, address, expect):
     """Without RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 the driver's 127.0.0.1 became the machine's
     interface address and ray.init hung (the lent H200: 192.0.2.2:6390)."""
-    from scripts.reconcile import loopback_driver
+    from scripts.reconcile import driver_env
 
     monkeypatch.delenv("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", raising=False)
-    loopback_driver(address)
+    driver_env(address)
     assert os.environ.get("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER") == expect
     monkeypatch.setenv("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "1")  # an explicit setting is left alone
-    loopback_driver(address)
+    driver_env(address)
     assert os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] == "1"
+
+
+def test_the_driver_keeps_its_handle_router_off_the_missing_event_loop(monkeypatch):
+    """The CI failure of the throughput-optimized mode exported to every process: a sync driver's
+    handle raised "No event loop running". The driver asks for the router's own loop; an
+    operator's explicit setting wins."""
+    from scripts.reconcile import driver_env
+
+    monkeypatch.setenv("RAY_SERVE_THROUGHPUT_OPTIMIZED", "1")
+    monkeypatch.delenv("RAY_SERVE_RUN_ROUTER_IN_SEPARATE_LOOP", raising=False)
+    driver_env("10.0.0.5:6379")
+    assert os.environ["RAY_SERVE_RUN_ROUTER_IN_SEPARATE_LOOP"] == "1"
+    monkeypatch.setenv("RAY_SERVE_RUN_ROUTER_IN_SEPARATE_LOOP", "0")
+    driver_env("10.0.0.5:6379")
+    assert os.environ["RAY_SERVE_RUN_ROUTER_IN_SEPARATE_LOOP"] == "0"
 
 
 def test_ray_is_not_imported_before_the_driver_setting():
