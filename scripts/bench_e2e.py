@@ -46,14 +46,21 @@ DEVICE_COMMANDS = [
     "run: source /root/site/activate.sh && RAY_TMP=/tmp/ray-e2e python3 scripts/bench_serve.py --config configs/tp2.yaml "
     "--model ternary=models/qwen3-embedding-0.6b-ternary --replicas 1 --words 16 --concurrency 1 64 --requests 3000 "
     "--max-seconds 10 --health-timeout 300 --name serve-gpu-tp2  # = serve_tp2 with fewer levels",
-    "# fifth session (Qwen3 offline and Serve tp1, build 9ab3a14, kernel v5, ingress autoscaling 2..8):",
+    "# fifth session (build 9ab3a14, kernel v5, Serve's default mode; kept as tp1_s5 and the offline s5 runs):",
     "run(kind=nvidia-h200-x2, carry=[.carry/p1]): bash .carry/p1/stash.sh",
     "run(carry=[.carry/p2, .whl, .whl2]): bash .carry/p2/stash.sh -- bash scripts/gpu_e2e_run.sh setup kernel profile",
     "run: source /root/site/activate.sh && bash scripts/gpu_e2e_run.sh prepare offline",
     "run: source /root/site/activate.sh && bash scripts/gpu_e2e_run.sh serve_tp1_ternary",
     "run: source /root/site/activate.sh && bash scripts/gpu_e2e_run.sh serve_tp1_bf16",
-    "run: (ray start --head --node-ip-address 127.0.0.1, then ray.init(address='127.0.0.1:6390') with and without "
-    "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0)  # why the live reconcile hung",
+    "# sixth session (build 97ab616: kernel v5 + one-LOP3 decode, tiled kernel not dispatched; Serve's "
+    "throughput-optimized mode, exported by scripts/env.sh then, now set by serve_local.sh for the cluster alone):",
+    "run(kind=nvidia-h200, carry=[.carry/p1]): bash .carry/p1/stash.sh",
+    "run(carry=[.carry/p2, .whl, .whl2]): bash .carry/p2/stash.sh -- bash scripts/gpu_e2e_run.sh setup kernel "
+    "profile_tiled",
+    "run: source /root/site/activate.sh && bash scripts/gpu_e2e_run.sh prepare serve_tp1_ternary",
+    "run: source /root/site/activate.sh && bash scripts/gpu_e2e_run.sh serve_tp1_bf16",
+    "run: source /root/site/activate.sh && bash scripts/gpu_e2e_run.sh offline",
+    "run: source /root/site/activate.sh && OUT=$OUT/rep bash scripts/gpu_e2e_run.sh offline  # the --run2 files",
     "python scripts/bench_e2e.py report .e2e/parts  # here, on the files that came back",
 ]
 TEXTS = ["w1 w2 w3 w4 w5 w6 w7 w8", "the a of to and in is it that for", "w10 the w11 a w12"]
@@ -195,7 +202,15 @@ def _serve_levels(part: dict, label: str) -> dict:
 
 def collect(parts: Path) -> dict:
     """Every figure of the parts a GPU session returned, with the issue's targets."""
-    offline_parts = {p.stem.removeprefix("offline-"): json.loads(p.read_text()) for p in sorted(parts.glob("offline-*.json"))}
+    # offline-LABEL.json is a label's headline run; offline-LABEL--RUN.json its other runs (the
+    # same engine and script in separate processes: the run-to-run spread)
+    offline_parts, offline_runs = {}, {}
+    for p in sorted(parts.glob("offline-*.json")):
+        label, _, run = p.stem.removeprefix("offline-").partition("--")
+        if run:
+            offline_runs.setdefault(label, {})[run] = json.loads(p.read_text())
+        else:
+            offline_parts[label] = json.loads(p.read_text())
     # serve-gpu-tp1.json, or one file per model (serve-gpu-tp1-ternary.json, ...): merged per tp
     serve_parts: dict[str, dict] = {}
     for p in sorted(parts.glob("serve-gpu-*.json")):
@@ -212,12 +227,14 @@ def collect(parts: Path) -> dict:
     for p in sorted(parts.glob("prepare-*.json")):
         prep.update(json.loads(p.read_text())["models"])
     envs = [json.loads(p.read_text()) for p in sorted(parts.glob("env-*.json"))]
-    env = next((e for e in envs if "not importable" not in str(e["versions"].get("vllm"))), envs[0] if envs else {})
+    # the versions of the headline Serve run's stage where it is there, else of any stage with vLLM
+    usable = [e for e in envs if "not importable" not in str(e["versions"].get("vllm"))]
+    env = next((e for e in usable if e.get("stage") == "serve_tp1_ternary"), usable[0] if usable else envs[0] if envs else {})
     result = {"gpu": env.get("gpu"), "gpus": max((e.get("gpus", 0) for e in envs), default=None),
               "versions": env.get("versions"), "commands": DEVICE_COMMANDS,
               "model": "Qwen3-Embedding-0.6B architecture (hidden 1024, 28 layers, 16/8 heads, head_dim 128, "
                        "intermediate 3072, vocab 151669), random weights, made and converted on the GPU machine",
-              "prepare": prep, "offline": offline_parts, "serve": serve_parts}
+              "prepare": prep, "offline": offline_parts, "offline_runs": offline_runs, "serve": serve_parts}
     if (parts / "notes.txt").exists():
         result["notes"] = (parts / "notes.txt").read_text().strip()
     if (parts / "serve-not-run.txt").exists():  # why the Serve figures are missing, in the run's words
@@ -258,6 +275,27 @@ def _tp_label(tp: str, part: dict) -> str:
     return f"{tp} ({part['label_note']})" if part.get("label_note") else tp
 
 
+def _offline_spread(r: dict) -> list:
+    """The headline offline run beside the other runs of the same engine and script, per model:
+    16-token latency and the range of the tokens/s ratios."""
+    lines = []
+    for model in ("qwen3", "minilm"):
+        runs = {"headline": (r["offline"].get(f"{model}-ternary"), r["offline"].get(f"{model}-bf16"))}
+        tern_runs, bf_runs = r.get("offline_runs", {}).get(f"{model}-ternary", {}), r.get("offline_runs", {}).get(f"{model}-bf16", {})
+        for run in sorted(set(tern_runs) & set(bf_runs)):
+            runs[run] = (tern_runs[run], bf_runs[run])
+        if len(runs) < 2 or not all(runs["headline"]):
+            continue
+        lines += ["", f"Run to run, {model} (separate engine processes, same script):", "",
+                  "| run | ternary 16-token p50 ms | bf16 16-token p50 ms | bf16 / ternary | ternary / bf16 tok/s, min - max |",
+                  "|---|---|---|---|---|"]
+        for run, (tern, bf) in runs.items():
+            lt, lb = tern["latency_16tok_ms"]["p50"], bf["latency_16tok_ms"]["p50"]
+            tput = [a["tokens_per_s"] / c["tokens_per_s"] for a, c in zip(tern["throughput"], bf["throughput"])]
+            lines.append(f"| {run} | {lt} | {lb} | {ratio(lb, lt)} | {min(tput):.2f} - {max(tput):.2f} |")
+    return lines
+
+
 def markdown(r: dict) -> str:
     lines = [f"# End to end on {r.get('gpu')}: ternary against bf16", "", r["model"] + ".", ""]
     if r.get("notes"):
@@ -279,6 +317,7 @@ def markdown(r: dict) -> str:
         for a, c in zip(tern["throughput"], bf["throughput"]):
             lines.append(f"| {model} | {a['seq_len']} | {a['batch']} | {a['tokens_per_s']:,.0f} | {c['tokens_per_s']:,.0f} | "
                          f"{a['tokens_per_s'] / c['tokens_per_s']:.2f} |")
+    lines += _offline_spread(r)
     lines += ["", "## Ray Serve (HTTP, one LLM replica)", "",
               "| tp | model | concurrency | embeddings/s | p50 ms | p95 ms | p99 ms | errors |", "|---|---|---|---|---|---|---|---|"]
     for tp, part in r["serve"].items():

@@ -94,6 +94,15 @@ def deploy_failure(log: Path) -> str | None:
     return "\n".join(dict.fromkeys(errors[-6:])) or "see the log"
 
 
+def cluster_settings(log: Path) -> str | None:
+    """The Serve mode serve_local.sh started the cluster with (its first line saying so)."""
+    prefix = "ternary-serve cluster settings: "
+    for line in log.read_text(errors="replace").splitlines() if log.exists() else []:
+        if line.startswith(prefix):
+            return line.removeprefix(prefix).strip()
+    return None
+
+
 def stop(proc: subprocess.Popen) -> None:
     """SIGTERM serve_local.sh's process group (its trap stops the cluster) and wait for it."""
     os.killpg(proc.pid, signal.SIGTERM)
@@ -182,7 +191,8 @@ def main(argv=None) -> int:
         log = Path(tempfile.gettempdir()) / f"{args.name}-{label}.log"
         t0 = time.time()
         proc = serve_model(args.config, Path(model), label, log, args.replicas, args.health_timeout)
-        entry = {"model_dir": model, "healthy_after_s": round(time.time() - t0, 1), "log": str(log)}
+        entry = {"model_dir": model, "healthy_after_s": round(time.time() - t0, 1), "log": str(log),
+                 "cluster_settings": cluster_settings(log)}
         try:
             asyncio.run(run_level(label, None, 4, 64, 60, args.inputs_per_request, text))  # warm-up
             entry["levels"] = [

@@ -46,6 +46,7 @@ done
 SERVE_FAST=(RAY_SERVE_THROUGHPUT_OPTIMIZED="${RAY_SERVE_THROUGHPUT_OPTIMIZED:-1}"
             RAY_SERVE_ENABLE_DIRECT_INGRESS="${RAY_SERVE_ENABLE_DIRECT_INGRESS:-0}"
             RAY_SERVE_LOG_TO_STDERR="${RAY_SERVE_LOG_TO_STDERR:-1}")
+echo "ternary-serve cluster settings: ${SERVE_FAST[*]}"  # bench_serve records this line
 env "${SERVE_FAST[@]}" "${RAY_CLI[@]}" start --head --block --node-ip-address 127.0.0.1 --port "$RAY_PORT" --num-cpus "$RAY_CPUS" \
   --dashboard-host 127.0.0.1 --dashboard-port "$DASHBOARD_PORT" --temp-dir "$RAY_TMP" \
   --metrics-export-port "${METRICS_PORT:-8081}" \

@@ -53,3 +53,24 @@ def test_missing_serve_figures_stay_none(tmp_path):
     r = collect(tmp_path)
     assert r["serve"] == {} and r["ternary"]["latency_c1_p50_ms"] is None
     assert r["targets"]["serve_c1_latency_speedup (>= 1.3)"] is None
+
+
+def test_other_offline_runs_show_the_run_to_run_spread(tmp_path):
+    """offline-LABEL--RUN.json: further runs of the same engine beside the headline run, not
+    headline figures themselves."""
+    files = {
+        "offline-qwen3-ternary.json": _offline(100, 400, 8.0, 2000.0),
+        "offline-qwen3-bf16.json": _offline(800, 1200, 7.0, 1000.0),
+        "offline-qwen3-ternary--run2.json": _offline(100, 400, 10.0, 1500.0),
+        "offline-qwen3-bf16--run2.json": _offline(800, 1200, 8.0, 1500.0),
+        "offline-qwen3-ternary--lonely.json": _offline(100, 400, 1.0, 1.0),  # no bf16 run to pair with
+    }
+    for name, body in files.items():
+        (tmp_path / name).write_text(json.dumps(body))
+    r = collect(tmp_path)
+    assert sorted(r["offline"]) == ["qwen3-bf16", "qwen3-ternary"]
+    assert r["ternary"]["offline_latency_16tok_p50_ms"] == 8.0
+    md = markdown(r)
+    assert "| headline | 8.0 | 7.0 | 0.875 | 2.00 - 2.00 |" in md
+    assert "| run2 | 10.0 | 8.0 | 0.8 | 1.00 - 1.00 |" in md
+    assert "lonely" not in md

@@ -96,6 +96,19 @@ def test_serve_llm_import_failure_names_the_version_pair(monkeypatch):
     assert f"Installed: ray {ray.__version__}" in msg and "built for vllm" in msg and "gpu_pack.sh" in msg
 
 
+def test_bench_serve_records_the_cluster_settings_serve_local_prints(tmp_path):
+    from scripts.bench_serve import cluster_settings
+
+    log = tmp_path / "serve.log"
+    log.write_text("port check\nternary-serve cluster settings: RAY_SERVE_THROUGHPUT_OPTIMIZED=1 "
+                   "RAY_SERVE_ENABLE_DIRECT_INGRESS=0 RAY_SERVE_LOG_TO_STDERR=1\nstarted\n")
+    assert cluster_settings(log) == ("RAY_SERVE_THROUGHPUT_OPTIMIZED=1 RAY_SERVE_ENABLE_DIRECT_INGRESS=0 "
+                                     "RAY_SERVE_LOG_TO_STDERR=1")
+    assert cluster_settings(tmp_path / "missing.log") is None
+    line = next(ln for ln in (REPO / "scripts/serve_local.sh").read_text().splitlines() if "cluster settings:" in ln)
+    assert line.startswith('echo "ternary-serve cluster settings: ${SERVE_FAST[*]}"')
+
+
 def test_bench_serve_stops_at_a_failed_deploy(tmp_path):
     from scripts.bench_serve import deploy_failure
 
