@@ -13,7 +13,7 @@
 // reads 8 consecutive code bytes per W row (one 8-byte load) and 32 consecutive activations per
 // token (64 bytes), and every step's 16 columns lie inside one 128-weight block: the block's sum
 // is finished in fp32 and multiplied by the block's fp16 scale once. With 64-weight units
-// (k_unit 64, an experiment, not dispatched by default) the same with k = 16t + 4s, 4 steps, a
+// (k_unit 64; the op's auto at M 9-16 with K <= 1024) the same with k = 16t + 4s, 4 steps, a
 // 4-byte code load and 16 activations per token: each unit still lies inside one scale block.
 //
 // Decode (no table, no branch): a byte b of four codes is copied to both halves of a 32-bit word
@@ -50,7 +50,7 @@ namespace {
 
 constexpr int kMmaWarps = 8;
 // Weights of K per unit of work (U): 128 (a scale block, 8 mma steps of k16; the default) or 64
-// (half a block, 4 steps, for shards starting 64 weights into a block and as an experiment:
+// (half a block, 4 steps: for shards starting 64 weights into a block, and at M 9-16 with short K:
 // twice the units, each half the dependent chain per warp; see docs/kernel_notes.md, v6).
 // Thread t takes the U/4 consecutive weights [U/4 t, U/4 (t+1)) of a unit: U/16 code bytes of
 // each row and U/4 activations of each token.

@@ -47,6 +47,10 @@ int64_t mma_max_m() {
   return v;
 }
 
+int64_t mma64_max_k() {
+  static const int64_t v = env_int("TERNARY_MMA64_MAX_K", 1024);
+  return v;
+}
 int64_t tiled_max_m() {
   static const int64_t v = env_int("TERNARY_TILED_MAX_M", 64);
   return v;
@@ -134,9 +138,14 @@ torch::Tensor gemm_path(const torch::Tensor& x,       // [M, K] bf16/fp16
   }
   CHECK_ARG(k_split >= 0 && k_split <= 8, "k_split must be 0 (auto) or 1..8 CTAs per tile along K, got ", k_split);
   CHECK_ARG(k_unit == 0 || k_unit == 128 || (k_unit == 64 && (rows_per_cta == 0 || rows_per_cta == 16)),
-            "k_unit must be 0 (auto = 128), 128, or 64 (with rows_per_cta 0 or 16), got ", k_unit, " with rows_per_cta ",
+            "k_unit must be 0 (auto), 128, or 64 (with rows_per_cta 0 or 16), got ", k_unit, " with rows_per_cta ",
             rows_per_cta);
-  const int64_t unit = k_unit == 0 ? 128 : k_unit;  // weights of K per unit of the tensor-core kernel
+  // Weights of K per unit of the tensor-core kernel. Auto: 64 where M fills two token tiles
+  // (9-16) and K <= TERNARY_MMA64_MAX_K (default 1024): measured on the H200 in two sessions,
+  // M = 16: qkv -10 / -13 %, gate_up -7 / -12 %, o/tp4 -12 %, down/tp4 -5 % (qkv/tp4 +2 %);
+  // at M <= 8 and on longer K, 128 (kernel-h200.md, "64-weight units").
+  const bool unit64 = M > 8 && M <= 16 && K <= mma64_max_k() && (rows_per_cta == 0 || rows_per_cta == 16);
+  const int64_t unit = k_unit != 0 ? k_unit : unit64 ? 64 : 128;
   // The fused kernels load 8 code bytes at a time: rows padded to 8 bytes, 8-byte aligned.
   const bool rows_padded = ldp % 8 == 0 && reinterpret_cast<uintptr_t>(packed.data_ptr()) % 8 == 0;
   const bool mma_ok = rows_padded && block_size % unit == 0 && k_offset % unit == 0;

@@ -130,7 +130,7 @@ def bench_shape(name, k, n, m, l2_bytes, replays, bs=128):
     # has more blocks than a CTA has warps (o, down)
     mma_split = {str(ks): round(time_graph([path(i, 2, 0, ks) for i in range(copies_t)], replays), 3)
                  for ks in (1, 2, 3, 4)} if m <= 32 and k > 1024 else None
-    # the experiment of 64-weight units (twice the units, half the chain per warp; k_split 2
+    # 64-weight units (twice the units, half the chain per warp; k_split 2
     # gives K = 1024 one unit a warp on 2x the CTAs), checked first: a wrong result is recorded,
     # not timed, and does not stop the run
     mma64, mma64_error = None, None
@@ -142,7 +142,7 @@ def bench_shape(name, k, n, m, l2_bytes, replays, bs=128):
         else:
             mma64_error = f"relative error {err:.3e}"
     # the tiled tensor-core kernel (M >= 64; see the op's dispatch rule), checked
-    # first like the experiment: auto tile and each tile forced
+    # first like the 64-weight units: auto tile and each tile forced
     tiled, tiled_error = None, None
     if m >= 64:
         err = rel_err(torch.ops.ternary_serve.gemm_path(xs[0], packs[0], scales[0], None, bs, 0, 4, 0))
@@ -215,7 +215,7 @@ def markdown(result: dict) -> str:
                        "Tensor-core kernel by CTAs per tile along K (us; a thread-block cluster; 1 = one CTA per "
                        "tile as in v4; auto chooses by SM count and K):")
     lines += _by_table(result["rows"], "mma64_us_by_k_split", ("1", "2", "3"),
-                       "Experiment, 64-weight units (not dispatched; us by CTAs per tile along K; compare with the "
+                       "64-weight units (the op's auto at M 9-16 where K <= 1024; us by CTAs per tile along K; compare with the "
                        "tensor-core us column):")
     tiled = [r for r in result["rows"] if r.get("tiled_us")]
     if tiled:

@@ -110,7 +110,7 @@ PATH_SHAPES = [
 ]
 # Each kernel's forced choices (rows_per_cta, k_split, k_unit) for gemm_path; 0 = auto. The
 # tensor-core kernel: W rows per CTA, CTAs per tile along K (more than K's groups of 8 units is
-# capped by the launcher), weights of K per unit (mma64: the 64-weight units, an experiment);
+# capped by the launcher), weights of K per unit (mma64: 64-weight units; auto takes them at M 9-16 with K <= 1024);
 # the tiled kernel: W rows (and tokens) per CTA, 64 or 128.
 KERNELS = {
     "gemv": (GEMV, [(0, 0, 0)]),
@@ -220,7 +220,8 @@ def test_tiled_kernel_is_deterministic_and_refuses_what_it_cannot_read():
 
 def test_default_dispatch_takes_the_tiled_kernel_only_where_it_was_measured_faster():
     """Without the overrides the kernel stage sets: M <= 64 and N >= 1536 -> the tiled kernel
-    (bit-identical to it forced), N = 1024 or M = 65 -> dequantize + cuBLAS."""
+    (bit-identical to it forced), N = 1024 or M = 65 -> dequantize + cuBLAS. And the tensor-core
+    kernel's unit: 64 weights at M 9-16 with K <= 1024, else 128."""
     import os
     import subprocess
     import sys
@@ -235,13 +236,20 @@ def test_default_dispatch_takes_the_tiled_kernel_only_where_it_was_measured_fast
         "    same = [p for p in (3, 4) if torch.equal(y, torch.ops.ternary_serve.gemm_path(x, packed, scale, bias, 128,"
         " 0, p, 0))]\n"
         "    out.append(f'{m},{n}:{same}')\n"
+        "for m, k in ((12, 1024), (16, 2048), (8, 1024)):\n"
+        "    x, packed, scale, bias, _, _ = _case(m, 4096, k, 0, 128, torch.bfloat16, seed=m + k)\n"
+        "    y = torch.ops.ternary_serve.gemm(x, packed, scale, bias, 128, 0)\n"
+        "    same = [u for u in (64, 128) if torch.equal(y, torch.ops.ternary_serve.gemm_path(x, packed, scale, bias,"
+        " 128, 0, 2, 0, 0, u))]\n"
+        "    out.append(f'{m},{k}:{same}')\n"
         "print(' '.join(out))\n"
     )
     env = {k: v for k, v in os.environ.items() if not k.startswith("TERNARY_")}
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300, check=False,
                           cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert proc.stdout.split() == ["64,2048:[4]", "40,1536:[4]", "64,1024:[3]", "65,2048:[3]"], proc.stdout
+    assert proc.stdout.split() == ["64,2048:[4]", "40,1536:[4]", "64,1024:[3]", "65,2048:[3]", "12,1024:[64]",
+                                   "16,2048:[128]", "8,1024:[128]"], proc.stdout
 
 
 def test_reference_path_agrees_on_gpu():
@@ -289,7 +297,7 @@ def test_bad_inputs_are_named():
         torch.ops.ternary_serve.gemm(x.float(), packed, scale, None, 128, 0)
     with pytest.raises(RuntimeError, match="k_split must be 0 \\(auto\\) or 1..8 CTAs per tile along K, got 9"):
         torch.ops.ternary_serve.gemm_path(x, packed, scale, None, 128, 0, MMA, 0, 9)
-    with pytest.raises(RuntimeError, match="k_unit must be 0 \\(auto = 128\\), 128, or 64 \\(with rows_per_cta 0 or "
+    with pytest.raises(RuntimeError, match="k_unit must be 0 \\(auto\\), 128, or 64 \\(with rows_per_cta 0 or "
                                            "16\\), got 64 with rows_per_cta 32"):
         torch.ops.ternary_serve.gemm_path(x, packed, scale, None, 128, 0, MMA, 32, 0, 64)
     x, packed, scale, _, _, _ = _case(2, 64, 256, 32, 128, torch.bfloat16, seed=6)  # a shard 32 into a block
