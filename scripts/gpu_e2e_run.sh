@@ -5,6 +5,7 @@
 # vLLM 0.25.1) and bash scripts/gpu_wheels.sh (.whl, .whl2: carry them with the p2 call).
 #
 #   bash scripts/gpu_e2e_run.sh setup kernel        # build + install, GPU tests, memcheck, kernel bench
+#   bash scripts/gpu_e2e_run.sh profile_tiled       # ncu on the tiled kernel (profile: the small-M one)
 #                                                   # (also alone in one call, without the vLLM payload:
 #                                                   #  carry .whl only)
 #   bash scripts/gpu_e2e_run.sh prepare offline     # 0.6B model made + converted + validated; offline vLLM
@@ -22,6 +23,10 @@
 # Fifth session (same kind, calls back to back, 1558 s of device time in all): p1 32 s; p2 + setup
 # + kernel + profile 209 s; prepare offline 272 s; serve_tp1_ternary 470 s (124 s of it the
 # reconcile hanging in ray.init, fixed since); serve_tp1_bf16 333 s. serve_tp2 did not fit.
+# Sixth session (nvidia-h200, 1690 s of device time in all): p1 30 s; p2 + setup + kernel +
+# profile_tiled 187 s; prepare serve_tp1_ternary 335 s (reconcile 13 s); serve_tp1_bf16 255 s;
+# offline 178 s, again 107 s; then three cold kernel-only calls (`setup kernel`, carry .whl alone,
+# no payload): 151, 137, 134 s of wall time, ~185-200 s of device time each with the start.
 #
 # Everything a stage measures lands in $OUT (at most 8 files come back: JSON results, a log
 # tarball); scripts/bench_e2e.py report merges them here afterwards. The parts of earlier GPU
