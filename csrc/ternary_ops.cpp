@@ -38,25 +38,14 @@ int64_t env_int(const char* name, int64_t fallback) {
   const char* e = std::getenv(name);
   return e ? std::atoll(e) : fallback;
 }
-int64_t gemv_max_m() {
-  static const int64_t v = env_int("TERNARY_GEMV_MAX_M", 1);
-  return v;
-}
-int64_t mma_max_m() {
-  static const int64_t v = env_int("TERNARY_MMA_MAX_M", 32);
-  return v;
-}
-
-int64_t mma64_max_k() {
-  static const int64_t v = env_int("TERNARY_MMA64_MAX_K", 1024);
-  return v;
-}
-int64_t tiled_max_m() {
-  static const int64_t v = env_int("TERNARY_TILED_MAX_M", 64);
-  return v;
-}
-int64_t tiled_min_n() {
-  static const int64_t v = env_int("TERNARY_TILED_MIN_N", 1536);
+// The dispatch limits above, read once per process.
+struct Limits {
+  int64_t gemv_max_m, mma_max_m, mma64_max_k, tiled_max_m, tiled_min_n;
+};
+const Limits& limits() {
+  static const Limits v{env_int("TERNARY_GEMV_MAX_M", 1), env_int("TERNARY_MMA_MAX_M", 32),
+                        env_int("TERNARY_MMA64_MAX_K", 1024), env_int("TERNARY_TILED_MAX_M", 64),
+                        env_int("TERNARY_TILED_MIN_N", 1536)};
   return v;
 }
 
@@ -144,7 +133,7 @@ torch::Tensor gemm_path(const torch::Tensor& x,       // [M, K] bf16/fp16
   // (9-16) and K <= TERNARY_MMA64_MAX_K (default 1024): measured on the H200 in two sessions,
   // M = 16: qkv -10 / -13 %, gate_up -7 / -12 %, o/tp4 -12 %, down/tp4 -5 % (qkv/tp4 +2 %);
   // at M <= 8 and on longer K, 128 (kernel-h200.md, "64-weight units").
-  const bool unit64 = M > 8 && M <= 16 && K <= mma64_max_k() && (rows_per_cta == 0 || rows_per_cta == 16);
+  const bool unit64 = M > 8 && M <= 16 && K <= limits().mma64_max_k && (rows_per_cta == 0 || rows_per_cta == 16);
   const int64_t unit = k_unit != 0 ? k_unit : unit64 ? 64 : 128;
   // The fused kernels load 8 code bytes at a time: rows padded to 8 bytes, 8-byte aligned.
   const bool rows_padded = ldp % 8 == 0 && reinterpret_cast<uintptr_t>(packed.data_ptr()) % 8 == 0;
@@ -153,9 +142,9 @@ torch::Tensor gemm_path(const torch::Tensor& x,       // [M, K] bf16/fp16
   const bool tiled_ok = rows_padded && block_size % 128 == 0 && k_offset % 128 == 0 && K % 8 == 0 &&
                         reinterpret_cast<uintptr_t>(x.data_ptr()) % 16 == 0;
   if (path == kAuto) {
-    path = (mma_ok && M <= mma_max_m())      ? kMma
-           : (tiled_ok && M <= tiled_max_m() && N >= tiled_min_n()) ? kTiled
-           : (rows_padded && M <= gemv_max_m()) ? kGemv
+    path = (mma_ok && M <= limits().mma_max_m)      ? kMma
+           : (tiled_ok && M <= limits().tiled_max_m && N >= limits().tiled_min_n) ? kTiled
+           : (rows_padded && M <= limits().gemv_max_m) ? kGemv
                                                 : kDequant;
   }
   CHECK_ARG(path == kDequant || rows_padded, "the fused kernels need rows padded to a multiple of 8 bytes (ldp=",

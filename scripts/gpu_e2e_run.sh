@@ -107,53 +107,44 @@ stage_kernel() {
   grep -E "^Geometric|^Worst|^Tiled kernel|WRONG" "$OUT/kernel-h200.md"
 }
 
-stage_profile() {  # Nsight Compute on the tensor-core kernel: gate_up (K 1024, N 6144) at M 1 and 16, and
-  # down (K 3072, N 1024) at M 1, where the auto split-K runs 3-CTA clusters
-  for case in gate_up:1024:6144:1 gate_up:1024:6144:16 down:3072:1024:1; do
+# ncu_cases KERNEL_REGEX PATH TAG SECTIONS CASE...: Nsight Compute on one launch of a kernel
+# (gemm_path forced to PATH) per CASE name:K:N:M, its report in $LOGS/ncu-TAG-name-mM.txt and the
+# key lines printed
+ncu_cases() {
+  local kernel=$1 path=$2 tag=$3 sections=$4; shift 4
+  for case in "$@"; do
     IFS=: read -r name k n m <<< "$case"
-    timeout 150 ncu --clock-control none -k regex:ternary_mma_kernel --launch-skip 3 --launch-count 1 \
-      --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
-      --section MemoryWorkloadAnalysis --section SchedulerStats python3 - "$m" "$k" "$n" > "$LOGS/ncu-$name-m$m.txt" 2>&1 <<'EOF2'
+    # shellcheck disable=SC2086  # the sections are separate words
+    timeout 150 ncu --clock-control none -k "regex:$kernel" --launch-skip 3 --launch-count 1 $sections \
+      python3 - "$m" "$k" "$n" "$path" > "$LOGS/ncu-$tag-$name-m$m.txt" 2>&1 <<'EOF2'
 import sys, torch
 from ternary_plugin import format as fmt, ops
 assert ops.cuda_op_available(), ops._state
-m, k, n = (int(a) for a in sys.argv[1:4])
+m, k, n, path = (int(a) for a in sys.argv[1:5])
 packed = ops.pad_packed_rows(fmt.pack_ternary(torch.randint(-1, 2, (n, k), dtype=torch.int8))).cuda()
 scale = (torch.rand(n, fmt.scale_cols(k, 128)) * 0.05 + 0.01).half().cuda()
 x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
 for _ in range(5):
-    torch.ops.ternary_serve.gemm_path(x, packed, scale, None, 128, 0, 2, 0, 0)
+    torch.ops.ternary_serve.gemm_path(x, packed, scale, None, 128, 0, path, 0, 0)
 torch.cuda.synchronize()
 EOF2
-    echo "--- ncu $name M=$m"
-    grep -E "Duration|Memory Throughput|DRAM Throughput|Compute \(SM\) Throughput|Registers Per|Achieved Occupancy|Theoretical Occupancy|Block Limit|Warp Cycles Per Issued|Stall|Grid Size|Cluster Size|Waves Per SM|L2 Hit|Mem Busy|Max Bandwidth|One or More|No Eligible" \
-      "$LOGS/ncu-$name-m$m.txt" | head -40
+    echo "--- ncu $tag $name M=$m"
+    grep -E "Duration|Memory Throughput|DRAM Throughput|Compute \(SM\) Throughput|Registers Per|Achieved Occupancy|Theoretical Occupancy|Block Limit|Warp Cycles Per Issued|Stall|Grid Size|Cluster Size|Dynamic Shared|Waves Per SM|L2 Hit|Issue Slots Busy|Executed Ipc A|Mem Busy|Max Bandwidth|One or More|No Eligible" \
+      "$LOGS/ncu-$tag-$name-m$m.txt" | head -45
   done
 }
+NCU_SECTIONS="--section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
+  --section MemoryWorkloadAnalysis --section SchedulerStats"
 
-stage_profile_tiled() {  # Nsight Compute on the tiled kernel: gate_up at M 4096 (128-row tile) and
-  # o (K 2048, N 1024) at M 256 (64-row tile, 4 warps per unit)
-  for case in gate_up:1024:6144:4096 o:2048:1024:256; do
-    IFS=: read -r name k n m <<< "$case"
-    timeout 150 ncu --clock-control none -k regex:ternary_tiled_kernel --launch-skip 3 --launch-count 1 \
-      --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
-      --section MemoryWorkloadAnalysis --section SchedulerStats --section ComputeWorkloadAnalysis \
-      python3 - "$m" "$k" "$n" > "$LOGS/ncu-tiled-$name-m$m.txt" 2>&1 <<'EOF2'
-import sys, torch
-from ternary_plugin import format as fmt, ops
-assert ops.cuda_op_available(), ops._state
-m, k, n = (int(a) for a in sys.argv[1:4])
-packed = ops.pad_packed_rows(fmt.pack_ternary(torch.randint(-1, 2, (n, k), dtype=torch.int8))).cuda()
-scale = (torch.rand(n, fmt.scale_cols(k, 128)) * 0.05 + 0.01).half().cuda()
-x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
-for _ in range(5):
-    torch.ops.ternary_serve.gemm_path(x, packed, scale, None, 128, 0, 4, 0)
-torch.cuda.synchronize()
-EOF2
-    echo "--- ncu tiled $name M=$m"
-    grep -E "Duration|Memory Throughput|DRAM Throughput|Compute \(SM\) Throughput|Registers Per|Achieved Occupancy|Block Limit|Warp Cycles Per Issued|Stall|Grid Size|Dynamic Shared|Waves Per SM|L2 Hit|Issue Slots Busy|Executed Ipc A|Pipe|One or More|No Eligible|Bank" \
-      "$LOGS/ncu-tiled-$name-m$m.txt" | head -45
-  done
+stage_profile() {  # the tensor-core kernel: gate_up (K 1024, N 6144) at M 1 and 16, and down (K 3072,
+  # N 1024) at M 1, where the auto split-K runs 3-CTA clusters
+  ncu_cases ternary_mma_kernel 2 mma "$NCU_SECTIONS" gate_up:1024:6144:1 gate_up:1024:6144:16 down:3072:1024:1
+}
+
+stage_profile_tiled() {  # the tiled kernel: gate_up at M 4096 (128-row tile) and o (K 2048, N 1024) at
+  # M 256 (64-row tile, 4 units a stage)
+  ncu_cases ternary_tiled_kernel 4 tiled "$NCU_SECTIONS --section ComputeWorkloadAnalysis" \
+    gate_up:1024:6144:4096 o:2048:1024:256
 }
 
 stage_prepare() {
