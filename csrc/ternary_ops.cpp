@@ -24,14 +24,16 @@ cudaError_t launch_tiled(bool bf16, const void* x, const uint8_t* packed, const 
 namespace {
 
 // Dispatch by M (measured on the H200, benchmarks/results/kernel-h200.md):
-//   M <= TERNARY_MMA_MAX_M (default 32) and the layer's blocks start on 128-weight boundaries:
-//     the tensor-core kernel (csrc/ternary_mma.cu);
+//   M <= TERNARY_MMA_MAX_M (default 32) and the layer's blocks start on unit boundaries: the
+//     tensor-core kernel (csrc/ternary_mma.cu; units of 64 weights at M 9-16 where K <=
+//     TERNARY_MMA64_MAX_K, default 1024, else 128);
 //   else M <= TERNARY_TILED_MAX_M (default 64), N >= TERNARY_TILED_MIN_N (default 1536) and the
 //     tiled kernel's conditions hold (blocks on 128-weight boundaries, K % 8 == 0, x 16-byte
 //     aligned): the tiled tensor-core kernel (csrc/ternary_tiled.cu). At M = 64 it beat
 //     dequantize + cuBLAS on every measured shape with N >= 1536 (gate_up/tp4 1.06x, qkv
 //     1.46x, gate_up 1.78x) and lost on the N = 1024 ones (its 16 CTAs leave most SMs idle);
-//     from M = 256 up it is slower everywhere (kernel-h200.md, "Tiled tensor-core kernel");
+//     from M = 256 up it wins only on the tp 4 shards at M = 256, by 2-10 % (kernel-h200.md,
+//     "Tiled tensor-core kernel");
 //   else M <= TERNARY_GEMV_MAX_M (default 1): the warp-per-row kernel (any k_offset);
 //   else: dequantize + cuBLAS.
 int64_t env_int(const char* name, int64_t fallback) {
