@@ -40,8 +40,6 @@
 #include <cuda_runtime.h>
 #include <stdint.h>
 
-#include <type_traits>
-
 #include "ternary_common.cuh"
 #include "ternary_mma.cuh"
 
@@ -100,16 +98,6 @@ __device__ __forceinline__ void load_weights(WeightStage<R>& st, const uint8_t* 
         st.codes[r][h] = make_uint2(codes_ok ? __ldg(reinterpret_cast<const uint32_t*>(prow[r][h] + byte0)) : 0u, 0u);
       st.sbits[r][h] = __ldg(srow[r][h] + sb);
     }
-}
-
-template <int R, int NT>
-__device__ __forceinline__ void zero_tiles(float (&c)[R][NT][4]) {
-#pragma unroll
-  for (int r = 0; r < R; ++r)
-#pragma unroll
-    for (int j = 0; j < NT; ++j)
-#pragma unroll
-      for (int i = 0; i < 4; ++i) c[r][j][i] = 0.f;
 }
 
 // kSplit: the CTAs of a cluster along grid.z share the tile's K (gridDim.z = cluster size).

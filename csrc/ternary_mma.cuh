@@ -62,4 +62,15 @@ __device__ __forceinline__ void decode_byte(uint32_t word, int k, uint32_t& lo, 
   hi = sub2<T>(and_or<0x00400010u, m1>(w), and_or<0x00400010u, m1>(w1));
 }
 
+// R x NT accumulator tiles of an m16n8 C fragment (4 floats a thread), zeroed
+template <int R, int NT>
+__device__ __forceinline__ void zero_tiles(float (&c)[R][NT][4]) {
+#pragma unroll
+  for (int r = 0; r < R; ++r)
+#pragma unroll
+    for (int j = 0; j < NT; ++j)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) c[r][j][i] = 0.f;
+}
+
 }  // namespace ternary

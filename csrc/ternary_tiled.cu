@@ -168,12 +168,7 @@ ternary_tiled_kernel(const T* __restrict__ x,            // [M, K], K % 8 == 0, 
   };
 
   float acc[R][NT][4];
-#pragma unroll
-  for (int r = 0; r < R; ++r)
-#pragma unroll
-    for (int j = 0; j < NT; ++j)
-#pragma unroll
-      for (int i = 0; i < 4; ++i) acc[r][j][i] = 0.f;
+  zero_tiles(acc);
 
 #pragma unroll
   for (int s = 0; s < STAGES - 1; ++s) {
