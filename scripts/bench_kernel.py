@@ -130,27 +130,22 @@ def bench_shape(name, k, n, m, l2_bytes, replays, bs=128):
     # has more blocks than a CTA has warps (o, down)
     mma_split = {str(ks): round(time_graph([path(i, 2, 0, ks) for i in range(copies_t)], replays), 3)
                  for ks in (1, 2, 3, 4)} if m <= 32 and k > 1024 else None
-    # 64-weight units (twice the units, half the chain per warp; k_split 2
-    # gives K = 1024 one unit a warp on 2x the CTAs), checked first: a wrong result is recorded,
-    # not timed, and does not stop the run
-    mma64, mma64_error = None, None
-    if m <= 32:
-        err = rel_err(torch.ops.ternary_serve.gemm_path(xs[0], packs[0], scales[0], None, bs, 0, 2, 0, 0, 64))
-        if err < 1e-2:
-            mma64 = {str(ks): round(time_graph([path(i, 2, 0, ks, 64) for i in range(copies_t)], replays), 3)
-                     for ks in (1, 2, 3)}
-        else:
-            mma64_error = f"relative error {err:.3e}"
-    # the tiled tensor-core kernel (M >= 64; see the op's dispatch rule), checked
-    # first like the 64-weight units: auto tile and each tile forced
-    tiled, tiled_error = None, None
-    if m >= 64:
-        err = rel_err(torch.ops.ternary_serve.gemm_path(xs[0], packs[0], scales[0], None, bs, 0, 4, 0))
-        if err < 1e-2:
-            tiled = {str(t): round(time_graph([path(i, 4, t) for i in range(copies_t)], replays), 3)
-                     for t in (0, 64, 128)}
-        else:
-            tiled_error = f"relative error {err:.3e}"
+
+    def checked_times(check: tuple, variants: dict) -> tuple:
+        """({name: us}, None) for each variant (gemm_path's path and choices), or (None, why) if
+        the `check` choices give a wrong result: recorded, not timed, and the run goes on."""
+        err = rel_err(torch.ops.ternary_serve.gemm_path(xs[0], packs[0], scales[0], None, bs, 0, *check))
+        if not err < 1e-2:
+            return None, f"relative error {err:.3e}"
+        return {name: round(time_graph([path(i, *args) for i in range(copies_t)], replays), 3)
+                for name, args in variants.items()}, None
+
+    # 64-weight units (twice the units, half the chain per warp; k_split 2 gives K = 1024 one
+    # unit a warp on 2x the CTAs), by CTAs per tile along K
+    mma64, mma64_error = (checked_times((2, 0, 0, 64), {str(ks): (2, 0, ks, 64) for ks in (1, 2, 3)}) if m <= 32
+                          else (None, None))
+    # the tiled tensor-core kernel (M >= 64; see the op's dispatch rule): auto tile and each tile
+    tiled, tiled_error = checked_times((4, 0), {str(t): (4, t) for t in (0, 64, 128)}) if m >= 64 else (None, None)
     # the large-M path's first half alone: how much of the gap to cuBLAS the dequantize is
     t_deq_only = time_graph([lambda i=i: torch.ops.ternary_serve.dequantize(packs[i], scales[i], k, bs, 0,
                                                                             torch.bfloat16)
