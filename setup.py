@@ -28,7 +28,8 @@ if want != "0":
         ext_modules = [
             CUDAExtension(
                 "ternary_plugin._C",
-                ["csrc/ternary_ops.cpp", "csrc/ternary_gemm.cu", "csrc/ternary_mma.cu", "csrc/ternary_tiled.cu"],
+                ["csrc/ternary_ops.cpp", "csrc/ternary_gemm.cu", "csrc/ternary_mma.cu", "csrc/ternary_tiled.cu",
+                 "csrc/ternary_wgmma.cu"],
                 depends=["csrc/ternary_common.cuh", "csrc/ternary_mma.cuh"],
                 extra_compile_args={
                     "cxx": ["-O3", "-std=c++17"],

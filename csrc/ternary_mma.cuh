@@ -1,5 +1,6 @@
-// Shared by the tensor-core kernels (ternary_mma.cu: small M; ternary_tiled.cu: M >= 64): the
-// mma.sync wrapper and the register decode of a code byte into A-fragment pairs.
+// Shared by the tensor-core kernels (ternary_mma.cu: small M; ternary_tiled.cu: M >= 64;
+// ternary_wgmma.cu: large M on Hopper): the mma.sync wrapper, the register decode of a code byte
+// into packed pairs, the scale multiply, and cp.async.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -7,6 +8,8 @@
 #include <stdint.h>
 
 #include <type_traits>
+
+#include "ternary_common.cuh"
 
 namespace ternary {
 
@@ -60,6 +63,38 @@ __device__ __forceinline__ void decode_byte(uint32_t word, int k, uint32_t& lo, 
   constexpr uint32_t m0 = MmaTraits<T>::kMagic0, m1 = MmaTraits<T>::kMagic1;
   lo = sub2<T>(and_or<0x00040001u, m0>(w), and_or<0x00040001u, m0>(w1));
   hi = sub2<T>(and_or<0x00400010u, m1>(w), and_or<0x00400010u, m1>(w1));
+}
+
+// x2 (a packed pair) * s2, elementwise in T
+template <typename T>
+__device__ __forceinline__ uint32_t mul2(uint32_t a, uint32_t b) {
+  using T2 = typename MmaTraits<T>::T2;
+  T2 r = __hmul2(*reinterpret_cast<T2*>(&a), *reinterpret_cast<T2*>(&b));
+  return *reinterpret_cast<uint32_t*>(&r);
+}
+
+// An fp16 scale's bits as the pair (s, s) in T (exact for fp16; bf16 rounds it, as the
+// dequantize kernel does).
+template <typename T>
+__device__ __forceinline__ uint32_t scale_pair(unsigned short bits) {
+  using T2 = typename MmaTraits<T>::T2;
+  const T s = Vec<T>::from_float(scale_from_bits(bits));
+  T2 p{s, s};
+  return *reinterpret_cast<uint32_t*>(&p);
+}
+
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool pred) {
+  const uint32_t s = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(pred ? 16 : 0));
+}
+__device__ __forceinline__ void cp_async8(void* smem, const void* gmem, bool pred) {
+  const uint32_t s = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" ::"r"(s), "l"(gmem), "r"(pred ? 8 : 0));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
 
 // R x NT accumulator tiles of an m16n8 C fragment (4 floats a thread), zeroed

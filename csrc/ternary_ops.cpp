@@ -19,6 +19,10 @@ cudaError_t launch_mma(bool bf16, const void* x, const uint8_t* packed, const __
 cudaError_t launch_tiled(bool bf16, const void* x, const uint8_t* packed, const __half* scale, const void* bias,
                          void* y, int M, int N, int K, int ldp, int lds, int block_size, int k_offset, int tile,
                          cudaStream_t stream);
+cudaError_t launch_wgmma(bool bf16, const void* x, const uint8_t* packed, const __half* scale, const void* bias,
+                         void* y, int M, int N, int K, int ldp, int lds, int block_size, int k_offset, int tokens,
+                         int rows, cudaStream_t stream);
+bool wgmma_supported();
 }  // namespace ternary
 
 namespace {
@@ -34,6 +38,9 @@ namespace {
 //     1.46x, gate_up 1.78x) and lost on the N = 1024 ones (its 16 CTAs leave most SMs idle);
 //     from M = 256 up it wins only on the tp 4 shards at M = 256, by 2-10 % (kernel-h200.md,
 //     "Tiled tensor-core kernel");
+//   else M >= TERNARY_WGMMA_MIN_M (default 0: off), an sm_90 device and the wgmma kernel's
+//     conditions (blocks on 64-weight boundaries, K % 8 == 0, x 16-byte aligned): the wgmma
+//     kernel (csrc/ternary_wgmma.cu);
 //   else M <= TERNARY_GEMV_MAX_M (default 1): the warp-per-row kernel (any k_offset);
 //   else: dequantize + cuBLAS.
 int64_t env_int(const char* name, int64_t fallback) {
@@ -42,16 +49,16 @@ int64_t env_int(const char* name, int64_t fallback) {
 }
 // The dispatch limits above, read once per process.
 struct Limits {
-  int64_t gemv_max_m, mma_max_m, mma64_max_k, tiled_max_m, tiled_min_n;
+  int64_t gemv_max_m, mma_max_m, mma64_max_k, tiled_max_m, tiled_min_n, wgmma_min_m;
 };
 const Limits& limits() {
-  static const Limits v{env_int("TERNARY_GEMV_MAX_M", 1), env_int("TERNARY_MMA_MAX_M", 32),
+  static const Limits v{env_int("TERNARY_GEMV_MAX_M", 1),    env_int("TERNARY_MMA_MAX_M", 32),
                         env_int("TERNARY_MMA64_MAX_K", 1024), env_int("TERNARY_TILED_MAX_M", 64),
-                        env_int("TERNARY_TILED_MIN_N", 1536)};
+                        env_int("TERNARY_TILED_MIN_N", 1536), env_int("TERNARY_WGMMA_MIN_M", 0)};
   return v;
 }
 
-enum Path : int64_t { kAuto = 0, kGemv = 1, kMma = 2, kDequant = 3, kTiled = 4 };
+enum Path : int64_t { kAuto = 0, kGemv = 1, kMma = 2, kDequant = 3, kTiled = 4, kWgmma = 5 };
 
 // Error messages are built here with std::to_string and handed to TORCH_CHECK as ONE string,
 // which c10::str passes through without an ostringstream. Formatting numbers through c10's
@@ -92,7 +99,7 @@ torch::Tensor gemm_path(const torch::Tensor& x,       // [M, K] bf16/fp16
                         const torch::Tensor& scale,   // [N, lds] fp16
                         const std::optional<torch::Tensor>& bias,  // [N] x.dtype
                         int64_t block_size, int64_t k_offset, int64_t path, int64_t rows_per_cta,
-                        int64_t k_split, int64_t k_unit) {
+                        int64_t k_split, int64_t k_unit, int64_t tokens_per_cta) {
   CHECK_ARG(x.is_cuda() && packed.is_cuda() && scale.is_cuda(), "x, packed and scale must be CUDA tensors");
   CHECK_ARG(x.dim() == 2, "x must be 2-D [M, K], got ", x.sizes());
   CHECK_ARG(x.scalar_type() == at::kBFloat16 || x.scalar_type() == at::kHalf, "x must be bf16 or fp16, got ",
@@ -116,9 +123,19 @@ torch::Tensor gemm_path(const torch::Tensor& x,       // [M, K] bf16/fp16
     CHECK_ARG(bias->is_cuda() && bias->dim() == 1 && bias->size(0) == N && bias->scalar_type() == x.scalar_type(),
               "bias must be [N] in x's dtype on x's device");
   }
-  CHECK_ARG(path >= kAuto && path <= kTiled,
-            "path must be 0 (auto), 1 (gemv), 2 (mma), 3 (dequant) or 4 (tiled), got ", path);
-  if (path == kTiled) {
+  CHECK_ARG(path >= kAuto && path <= kWgmma,
+            "path must be 0 (auto), 1 (gemv), 2 (mma), 3 (dequant), 4 (tiled) or 5 (wgmma), got ", path);
+  CHECK_ARG(tokens_per_cta == 0 || path == kWgmma, "tokens_per_cta is the wgmma kernel's (path 5), got ",
+            tokens_per_cta, " for path ", path);
+  if (path == kWgmma) {
+    const bool tile_ok = (tokens_per_cta == 0 && rows_per_cta == 0) ||
+                         (tokens_per_cta == 128 && (rows_per_cta == 128 || rows_per_cta == 256)) ||
+                         (tokens_per_cta == 256 && rows_per_cta == 128);
+    CHECK_ARG(tile_ok, "the wgmma kernel's tile (tokens_per_cta x rows_per_cta) must be 0 x 0 (auto), 128 x 128, ",
+              "128 x 256 or 256 x 128, got ", tokens_per_cta, " x ", rows_per_cta);
+    CHECK_ARG(k_split == 0 && k_unit == 0, "the wgmma kernel takes no k_split or k_unit, got ", k_split, " and ",
+              k_unit);
+  } else if (path == kTiled) {
     CHECK_ARG(rows_per_cta == 0 || rows_per_cta == 64 || rows_per_cta == 128,
               "rows_per_cta of the tiled kernel must be 0 (auto), 64 or 128, got ", rows_per_cta);
     CHECK_ARG(k_split == 0 && k_unit == 0, "the tiled kernel takes no k_split or k_unit, got ", k_split, " and ",
@@ -143,9 +160,14 @@ torch::Tensor gemm_path(const torch::Tensor& x,       // [M, K] bf16/fp16
   // the tiled kernel copies activations 16 bytes at a time and works in whole scale blocks
   const bool tiled_ok = rows_padded && block_size % 128 == 0 && k_offset % 128 == 0 && K % 8 == 0 &&
                         reinterpret_cast<uintptr_t>(x.data_ptr()) % 16 == 0;
+  // the wgmma kernel: whole 64-weight k-steps inside a scale block, 16-byte activation copies
+  const bool wgmma_ok = rows_padded && block_size % 64 == 0 && k_offset % 64 == 0 && K % 8 == 0 &&
+                        reinterpret_cast<uintptr_t>(x.data_ptr()) % 16 == 0;
   if (path == kAuto) {
+    const int64_t wg_min = limits().wgmma_min_m;
     path = (mma_ok && M <= limits().mma_max_m)      ? kMma
            : (tiled_ok && M <= limits().tiled_max_m && N >= limits().tiled_min_n) ? kTiled
+           : (wgmma_ok && wg_min > 0 && M >= wg_min && ternary::wgmma_supported()) ? kWgmma
            : (rows_padded && M <= limits().gemv_max_m) ? kGemv
                                                 : kDequant;
   }
@@ -155,6 +177,10 @@ torch::Tensor gemm_path(const torch::Tensor& x,       // [M, K] bf16/fp16
             ", got ", block_size, " and ", k_offset);
   CHECK_ARG(path != kTiled || tiled_ok, "the tiled kernel needs block_size and k_offset multiples of 128 (got ",
             block_size, " and ", k_offset, "), K a multiple of 8 (got ", K, ") and x 16-byte aligned");
+  CHECK_ARG(path != kWgmma || wgmma_ok, "the wgmma kernel needs block_size and k_offset multiples of 64 (got ",
+            block_size, " and ", k_offset, "), K a multiple of 8 (got ", K, ") and x 16-byte aligned");
+  CHECK_ARG(path != kWgmma || ternary::wgmma_supported(),
+            "the wgmma kernel runs on sm_90 (Hopper) devices only; this device is not one");
 
   const at::cuda::OptionalCUDAGuard guard(x.device());
   auto y = torch::empty({M, N}, x.options());
@@ -170,6 +196,13 @@ torch::Tensor gemm_path(const torch::Tensor& x,       // [M, K] bf16/fp16
                                          y.data_ptr(), M, N, K, ldp, lds, block_size, k_offset, rows_per_cta, k_split,
                                          unit, stream),
                      "ternary_mma_kernel launch", M, N, K);
+    return y;
+  }
+  if (path == kWgmma) {
+    check_cuda_error(ternary::launch_wgmma(bf16, x.data_ptr(), packed.data_ptr<uint8_t>(), scale_ptr, bias_ptr,
+                                           y.data_ptr(), M, N, K, ldp, lds, block_size, k_offset, tokens_per_cta,
+                                           rows_per_cta, stream),
+                     "ternary_wgmma_kernel launch", M, N, K);
     return y;
   }
   if (path == kTiled) {
@@ -199,7 +232,7 @@ torch::Tensor gemm_path(const torch::Tensor& x,       // [M, K] bf16/fp16
 
 torch::Tensor gemm(const torch::Tensor& x, const torch::Tensor& packed, const torch::Tensor& scale,
                    const std::optional<torch::Tensor>& bias, int64_t block_size, int64_t k_offset) {
-  return gemm_path(x, packed, scale, bias, block_size, k_offset, kAuto, 0, 0, 0);
+  return gemm_path(x, packed, scale, bias, block_size, k_offset, kAuto, 0, 0, 0, 0);
 }
 
 // W [N, K] in `dtype` (bf16/fp16): the large-M path's first half, exposed for benchmarks.
@@ -230,13 +263,13 @@ torch::Tensor dequantize(const torch::Tensor& packed, const torch::Tensor& scale
 
 TORCH_LIBRARY(ternary_serve, m) {
   m.def("gemm(Tensor x, Tensor packed, Tensor scale, Tensor? bias, int block_size, int k_offset) -> Tensor");
-  // One kernel forced (path 1 gemv, 2 tensor-core, 3 dequantize + cuBLAS, 4 tiled tensor-core;
-  // rows_per_cta, k_split and k_unit, the tensor-core kernel's W rows per CTA, CTAs per tile
-  // along K and weights of K per unit of work, the tiled kernel's W rows (and tokens) per CTA,
-  // 0 = auto): for tests and benchmarks; gemm is path 0, chosen by M, with
-  // every tile choice automatic.
+  // One kernel forced (path 1 gemv, 2 tensor-core, 3 dequantize + cuBLAS, 4 tiled tensor-core,
+  // 5 wgmma; rows_per_cta, k_split and k_unit, the tensor-core kernel's W rows per CTA, CTAs per
+  // tile along K and weights of K per unit of work, the tiled kernel's W rows (and tokens) per
+  // CTA, the wgmma kernel's W rows per CTA with tokens_per_cta, 0 = auto): for tests and
+  // benchmarks; gemm is path 0, chosen by M, with every tile choice automatic.
   m.def("gemm_path(Tensor x, Tensor packed, Tensor scale, Tensor? bias, int block_size, int k_offset, int path, "
-        "int rows_per_cta, int k_split=0, int k_unit=0) -> Tensor");
+        "int rows_per_cta, int k_split=0, int k_unit=0, int tokens_per_cta=0) -> Tensor");
   m.def("dequantize(Tensor packed, Tensor scale, int K, int block_size, int k_offset, ScalarType dtype) -> Tensor");
 }
 

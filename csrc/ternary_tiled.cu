@@ -42,20 +42,6 @@ constexpr int kUnit = 128;            // weights of K per stage (one scale block
 constexpr int kXRowBytes = kUnit * 2;    // one token's activations of a unit: 16 chunks of 16 bytes
 constexpr int kCodeRowBytes = kUnit / 4;  // one W row's codes of a unit
 
-__device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool pred) {
-  const uint32_t s = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(pred ? 16 : 0));
-}
-__device__ __forceinline__ void cp_async8(void* smem, const void* gmem, bool pred) {
-  const uint32_t s = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" ::"r"(s), "l"(gmem), "r"(pred ? 8 : 0));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-}
-
 // Chunk c (0..15) of token row `row` is stored at chunk swizzle(row, c). A load phase is 8 lanes
 // (4 t x 2 rows g, g + 1) reading chunk 4t + q: c % 8 = 4 (t & 1) + q, and the XOR folds in
 // t >> 1 (= c >> 3) and row & 1, so the 8 lanes land on 8 different 16-byte bank groups.
@@ -78,24 +64,6 @@ struct TiledShape {
       kPipeBytes > kRedBytes ? (kPipeBytes > kOutBytes ? kPipeBytes : kOutBytes)
                              : (kRedBytes > kOutBytes ? kRedBytes : kOutBytes);
 };
-
-// x2 (a packed pair) * s2, elementwise in T
-template <typename T>
-__device__ __forceinline__ uint32_t mul2(uint32_t a, uint32_t b) {
-  using T2 = typename MmaTraits<T>::T2;
-  T2 r = __hmul2(*reinterpret_cast<T2*>(&a), *reinterpret_cast<T2*>(&b));
-  return *reinterpret_cast<uint32_t*>(&r);
-}
-
-// An fp16 scale's bits as the pair (s, s) in T (exact for fp16; bf16 rounds it, as the
-// dequantize kernel does).
-template <typename T>
-__device__ __forceinline__ uint32_t scale_pair(unsigned short bits) {
-  using T2 = typename MmaTraits<T>::T2;
-  const T s = Vec<T>::from_float(scale_from_bits(bits));
-  T2 p{s, s};
-  return *reinterpret_cast<uint32_t*>(&p);
-}
 
 template <typename T, int WW, int WT, int WK, int R, int NT, int STAGES>
 __global__ void __launch_bounds__(kTiledWarps * 32, 1)

@@ -109,9 +109,9 @@ def bench_shape(name, k, n, m, l2_bytes, replays, bs=128):
     def cublas(i):
         return lambda: torch.mm(xs[i % len(xs)], ws[i].t())
 
-    def path(i, p, rows=0, k_split=0, k_unit=0):
+    def path(i, p, rows=0, k_split=0, k_unit=0, tokens=0):
         return lambda: torch.ops.ternary_serve.gemm_path(xs[i % len(xs)], packs[i], scales[i], None, bs, 0, p, rows,
-                                                         k_split, k_unit)
+                                                         k_split, k_unit, tokens)
 
     def deq(i):
         return lambda: torch.mm(xs[i % len(xs)], torch.ops.ternary_serve.dequantize(packs[i], scales[i], k, bs, 0, torch.bfloat16).t())
@@ -146,6 +146,9 @@ def bench_shape(name, k, n, m, l2_bytes, replays, bs=128):
                           else (None, None))
     # the tiled tensor-core kernel (M >= 64; see the op's dispatch rule): auto tile and each tile
     tiled, tiled_error = checked_times((4, 0), {str(t): (4, t) for t in (0, 64, 128)}) if m >= 64 else (None, None)
+    # the wgmma kernel (sm_90 only; M >= 64): auto tile and each tokens x W-rows tile
+    wgmma, wgmma_error = (checked_times((5, 0), {"0": (5, 0), **{f"{t}x{r}": (5, r, 0, 0, t) for t, r in WGMMA_TILES}})
+                          if m >= 64 and torch.cuda.get_device_capability() == (9, 0) else (None, None))
     # the large-M path's first half alone: how much of the gap to cuBLAS the dequantize is
     t_deq_only = time_graph([lambda i=i: torch.ops.ternary_serve.dequantize(packs[i], scales[i], k, bs, 0,
                                                                             torch.bfloat16)
@@ -159,6 +162,7 @@ def bench_shape(name, k, n, m, l2_bytes, replays, bs=128):
         "mma_us_by_rows_per_cta": mma_rows, "mma_us_by_k_split": mma_split,
         "mma64_us_by_k_split": mma64, "mma64_error": mma64_error,
         "tiled_us": tiled["0"] if tiled else None, "tiled_us_by_tile": tiled, "tiled_error": tiled_error,
+        "wgmma_us": wgmma["0"] if wgmma else None, "wgmma_us_by_tile": wgmma, "wgmma_error": wgmma_error,
         "dequant_only_us": None if t_deq_only is None else round(t_deq_only, 3),
         "speedup_vs_cublas": round(t_cub / t_tern, 3),
         "ternary_GBps": round((tern_bytes + io) / (t_tern * 1e-6) / 1e9, 1),
@@ -171,6 +175,10 @@ def bench_shape(name, k, n, m, l2_bytes, replays, bs=128):
     return row
 
 
+# the wgmma kernel's CTA tiles, tokens x W rows
+WGMMA_TILES = ((128, 128), (128, 256), (256, 128))
+
+
 def _by_table(rows: list, key: str, cols: tuple, title: str) -> list:
     """One table of a row field that maps a tile choice to its time (rows without it left out)."""
     rows = [r for r in rows if r.get(key)]
@@ -180,6 +188,25 @@ def _by_table(rows: list, key: str, cols: tuple, title: str) -> list:
     for r in rows:
         lines.append(f"| {r['shape']} | {r['M']} | " + " | ".join(str(r[key][c]) for c in cols) + " |")
     return lines
+
+
+def _kernel_table(rows: list, kernel: str, tiles: tuple, headers: tuple, title: str, label: str) -> list:
+    """A fused large-M kernel's times (auto and by tile) beside the op, dequantize + cuBLAS and cuBLAS."""
+    timed = [r for r in rows if r.get(f"{kernel}_us")]
+    if not timed:
+        return []
+    lines = ["", title, "", f"| shape | M | {kernel} us | " + " | ".join(headers) + " | op us | dequant+mm us | "
+             f"cuBLAS bf16 us | dequant+mm / {kernel} | cuBLAS / {kernel} | {kernel} TFLOP/s |",
+             "|---|---|---|" + "---|" * len(tiles) + "---|---|---|---|---|---|"]
+    for r in timed:
+        t, by = r[f"{kernel}_us"], r[f"{kernel}_us_by_tile"]
+        tflops = 2 * r["M"] * r["N"] * r["K"] / (t * 1e-6) / 1e12
+        lines.append(f"| {r['shape']} | {r['M']} | {t} | " + " | ".join(str(by[c]) for c in tiles) +
+                     f" | {r['ternary_us']} | {r['dequant_us']} | {r['cublas_bf16_us']} | {r['dequant_us'] / t:.3f}x | "
+                     f"{r['cublas_bf16_us'] / t:.3f}x | {tflops:.1f} |")
+    wins = [r for r in timed if r[f"{kernel}_us"] < r["dequant_us"]]
+    return lines + ["", (f"{label} faster than dequantize + cuBLAS in {len(wins)} of {len(timed)} rows: "
+                         + (", ".join(f"{r['shape']} M={r['M']}" for r in wins) or "none") + ".")]
 
 
 def markdown(result: dict) -> str:
@@ -212,25 +239,17 @@ def markdown(result: dict) -> str:
     lines += _by_table(result["rows"], "mma64_us_by_k_split", ("1", "2", "3"),
                        "64-weight units (the op's auto at M 9-16 where K <= 1024; us by CTAs per tile along K; compare with the "
                        "tensor-core us column):")
-    tiled = [r for r in result["rows"] if r.get("tiled_us")]
-    if tiled:
-        lines += ["", ("Tiled tensor-core kernel, M >= 64 (us; auto = its tile rule; the op dispatches it at "
-                       "M <= 64 where N >= 1536; `ternary us` above is the op as dispatched):"), "",
-                  ("| shape | M | tiled us | 64-row tile | 128-row tile | op us | dequant+mm us | cuBLAS bf16 us | "
-                   "dequant+mm / tiled | cuBLAS / tiled | tiled TFLOP/s |"), "|---|---|---|---|---|---|---|---|---|---|---|"]
-        for r in tiled:
-            t = r["tiled_us_by_tile"]
-            tflops = 2 * r["M"] * r["N"] * r["K"] / (r["tiled_us"] * 1e-6) / 1e12
-            lines.append(f"| {r['shape']} | {r['M']} | {r['tiled_us']} | {t['64']} | {t['128']} | {r['ternary_us']} | "
-                         f"{r['dequant_us']} | {r['cublas_bf16_us']} | {r['dequant_us'] / r['tiled_us']:.3f}x | "
-                         f"{r['cublas_bf16_us'] / r['tiled_us']:.3f}x | {tflops:.1f} |")
-        wins = [r for r in tiled if r["tiled_us"] < r["dequant_us"]]
-        lines += ["", (f"Tiled kernel faster than dequantize + cuBLAS in {len(wins)} of {len(tiled)} rows: "
-                       + (", ".join(f"{r['shape']} M={r['M']}" for r in wins) or "none") + ".")]
+    lines += _kernel_table(result["rows"], "tiled", ("64", "128"), ("64-row tile", "128-row tile"),
+                           "Tiled tensor-core kernel, M >= 64 (us; auto = its tile rule; the op dispatches it at "
+                           "M <= 64 where N >= 1536; `ternary us` above is the op as dispatched):", "Tiled kernel")
+    lines += _kernel_table(result["rows"], "wgmma", tuple(f"{t}x{r}" for t, r in WGMMA_TILES),
+                           tuple(f"{t} tok x {r} rows" for t, r in WGMMA_TILES),
+                           "wgmma kernel (sm_90a), M >= 64 (us; auto = its tile rule, tokens x W rows per CTA; "
+                           "`ternary us` above is the op as dispatched):", "wgmma kernel")
     wrong = [f"64-weight units WRONG at {r['shape']} M={r['M']}: {r['mma64_error']}" for r in result["rows"]
              if r.get("mma64_error")]
-    wrong += [f"tiled kernel WRONG at {r['shape']} M={r['M']}: {r['tiled_error']}" for r in result["rows"]
-              if r.get("tiled_error")]
+    wrong += [f"{kernel} kernel WRONG at {r['shape']} M={r['M']}: {r[kernel + '_error']}" for kernel in ("tiled", "wgmma")
+              for r in result["rows"] if r.get(kernel + "_error")]
     lines += ([""] + wrong) if wrong else []
     deq = [r for r in result["rows"] if r.get("dequant_only_us")]
     if deq:

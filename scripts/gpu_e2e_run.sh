@@ -5,6 +5,7 @@
 # vLLM 0.25.1) and bash scripts/gpu_wheels.sh (.whl, .whl2: carry them with the p2 call).
 #
 #   bash scripts/gpu_e2e_run.sh setup kernel        # build + install, GPU tests, memcheck, kernel bench
+#   bash scripts/gpu_e2e_run.sh wgmma               # the wgmma kernel's tests, memcheck, bench at M >= 64
 #   bash scripts/gpu_e2e_run.sh profile_tiled       # ncu on the tiled kernel (profile: the small-M one)
 #                                                   # (also alone in one call, without the vLLM payload:
 #                                                   #  carry .whl only)
@@ -44,6 +45,7 @@ LOGS=/root/e2e-logs
 [ -e /root/gemv_broken ] && export TERNARY_GEMV_MAX_M=0 && echo "NOTE: gemv kernel off (its GPU tests failed)"
 [ -e /root/mma64_broken ] && export TERNARY_MMA64_MAX_K=0 && echo "NOTE: 64-weight units off (their GPU tests failed)"
 [ -e /root/tiled_broken ] && export TERNARY_TILED_MAX_M=0 && echo "NOTE: tiled kernel off (its GPU tests failed)"
+[ -e /root/wgmma_broken ] && export TERNARY_WGMMA_MIN_M=0 && echo "NOTE: wgmma kernel off (its GPU tests failed)"
 
 env_json() {  # GPU, versions, and this stage's command, for the report
   python3 - "$1" <<'EOF' > "$OUT/env-$1.json"
@@ -91,6 +93,7 @@ stage_kernel() {
   if grep -qE "FAILED.*(tiled|test_gemm_matches)" "$OUT/gpu_tests.log"; then
     touch /root/tiled_broken; echo "tiled kernel FAILED its tests"
   fi
+  if grep -q "FAILED.*wgmma" "$OUT/gpu_tests.log"; then touch /root/wgmma_broken; echo "wgmma kernel FAILED its tests"; fi
   # the bad-input test alone; a crash gets a native backtrace from cuda-gdb (no gdb there)
   timeout 120 python3 -X faulthandler -m pytest -q -p no:cacheprovider tests/test_kernel_gpu.py -k bad_inputs -s \
     > "$LOGS/bad_inputs.log" 2>&1; rc=$?
@@ -101,10 +104,24 @@ stage_kernel() {
     grep -E "^#[0-9]+ " "$LOGS/bad_inputs_gdb.log" | head -25
   fi
   timeout 240 compute-sanitizer --tool memcheck --print-limit 20 python3 -m pytest -q -p no:cacheprovider \
-    tests/test_kernel_gpu.py -k "each_kernel and (mma or gemv or tiled) and bf16 and not large" > "$OUT/memcheck.log" 2>&1
+    tests/test_kernel_gpu.py -k "each_kernel and (mma or gemv or tiled or wgmma) and bf16 and not large" > "$OUT/memcheck.log" 2>&1
   tail -4 "$OUT/memcheck.log"
   python3 scripts/bench_kernel.py --out "$OUT" --replays 50 > "$LOGS/bench_kernel.log" 2>&1 || tail -20 "$LOGS/bench_kernel.log"
-  grep -E "^Geometric|^Worst|^Tiled kernel|WRONG" "$OUT/kernel-h200.md"
+  grep -E "^Geometric|^Worst|^Tiled kernel|^wgmma kernel|WRONG" "$OUT/kernel-h200.md"
+}
+
+# The wgmma kernel alone (a short call while it is being built): its GPU tests, memcheck on its
+# small cases, and the kernel bench at M >= 64 (kernel-wgmma.md)
+stage_wgmma() {
+  python3 -X faulthandler -m pytest -q -p no:cacheprovider -m gpu tests/test_kernel_gpu.py \
+    -k "wgmma or codes_11 or default_dispatch" > "$OUT/gpu_tests_wgmma.log" 2>&1
+  tail -5 "$OUT/gpu_tests_wgmma.log"; grep -E "^FAILED|Error" "$OUT/gpu_tests_wgmma.log" | head -12
+  timeout 200 compute-sanitizer --tool memcheck --print-limit 20 python3 -m pytest -q -p no:cacheprovider \
+    tests/test_kernel_gpu.py -k "each_kernel and wgmma and bf16 and not large" > "$OUT/memcheck_wgmma.log" 2>&1
+  tail -3 "$OUT/memcheck_wgmma.log"
+  python3 scripts/bench_kernel.py --out "$OUT" --replays 30 --ms ${WGMMA_MS:-64 256 1024 4096 16384} \
+    --name kernel-wgmma > "$LOGS/bench_wgmma.log" 2>&1 || tail -20 "$LOGS/bench_wgmma.log"
+  sed -n '/^wgmma kernel (sm_90a)/,$p' "$OUT/kernel-wgmma.md" | head -60
 }
 
 # ncu_cases KERNEL_REGEX PATH TAG SECTIONS CASE...: Nsight Compute on one launch of a kernel
@@ -145,6 +162,11 @@ stage_profile_tiled() {  # the tiled kernel: gate_up at M 4096 (128-row tile) an
   # M 256 (64-row tile, 4 units a stage)
   ncu_cases ternary_tiled_kernel 4 tiled "$NCU_SECTIONS --section ComputeWorkloadAnalysis" \
     gate_up:1024:6144:4096 o:2048:1024:256
+}
+
+stage_profile_wgmma() {  # the wgmma kernel (auto tile): gate_up and o/tp4 (K 512, N 1024) at M 4096
+  ncu_cases ternary_wgmma_kernel 5 wgmma "$NCU_SECTIONS --section ComputeWorkloadAnalysis" \
+    gate_up:1024:6144:4096 o_tp4:512:1024:4096
 }
 
 stage_prepare() {

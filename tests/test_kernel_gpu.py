@@ -83,7 +83,8 @@ def test_gemm_matches_float64_reference(m, n, k, k_offset, bs, reason, dtype, wi
     assert rel < TOL[dtype], f"{reason}: relative error {rel:.2e}"
 
 
-GEMV, MMA, DEQUANT, TILED = 1, 2, 3, 4
+GEMV, MMA, DEQUANT, TILED, WGMMA = 1, 2, 3, 4, 5
+HOPPER = torch.cuda.get_device_capability() == (9, 0)  # the wgmma kernel's sm_90a code runs there only
 # (M, N, K, k_offset, block_size, reason): every case runs each kernel that accepts it.
 PATH_SHAPES = [
     (1, 200, 202, 0, 128, "K % 4 != 0, unaligned activation rows"),
@@ -107,11 +108,14 @@ PATH_SHAPES = [
     (1000, 200, 1000, 0, 128, "large M, N % 8 != 0 (element stores), K ends inside a block"),
     (2048, 1536, 1024, 0, 128, "large M 2048, gate_up/tp4: enough tiles for the 128-row tile"),
     (96, 256, 1280, 256, 512, "block_size 512, shard 256 into a block: 128-weight units of it"),
+    (300, 520, 1088, 64, 128, "k_offset 64 (a shard 64 into a block), 17 k-steps of 64, M past 2 token tiles"),
+    (700, 300, 136, 0, 128, "K = 136: one full and one 8-weight k-step; N past 256 by 44"),
 ]
-# Each kernel's forced choices (rows_per_cta, k_split, k_unit) for gemm_path; 0 = auto. The
+# Each kernel's forced choices (rows_per_cta, k_split, k_unit[, tokens_per_cta]) for gemm_path; 0 = auto. The
 # tensor-core kernel: W rows per CTA, CTAs per tile along K (more than K's groups of 8 units is
 # capped by the launcher), weights of K per unit (mma64: 64-weight units; auto takes them at M 9-16 with K <= 1024);
-# the tiled kernel: W rows (and tokens) per CTA, 64 or 128.
+# the tiled kernel: W rows (and tokens) per CTA, 64 or 128; the wgmma kernel: W rows and tokens
+# per CTA, 128 x 128, 128 x 256 (rows x tokens 256 x 128) or 256 tokens x 128 rows.
 KERNELS = {
     "gemv": (GEMV, [(0, 0, 0)]),
     "mma": (MMA, [(0, 0, 0), (16, 0, 0), (32, 0, 0), (64, 0, 0), (0, 1, 0), (0, 2, 0), (0, 3, 0), (0, 8, 0),
@@ -119,6 +123,7 @@ KERNELS = {
     "mma64": (MMA, [(0, 0, 64), (16, 1, 64), (0, 2, 64), (0, 3, 64), (0, 8, 64)]),
     "dequant": (DEQUANT, [(0, 0, 0)]),
     "tiled": (TILED, [(0, 0, 0), (64, 0, 0), (128, 0, 0)]),
+    "wgmma": (WGMMA, [(0, 0, 0, 0), (128, 0, 0, 128), (256, 0, 0, 128), (128, 0, 0, 256)]),
 }
 
 
@@ -133,14 +138,18 @@ def test_each_kernel_matches_reference(m, n, k, k_offset, bs, reason, kernel, dt
                     "boundaries (tested below)")
     if path == TILED and (k_offset % 128 or bs % 128 or k % 8):
         pytest.skip("the tiled kernel takes only 128-weight block boundaries and K % 8 == 0 (refusal tested below)")
+    if path == WGMMA and not HOPPER:
+        pytest.skip("the wgmma kernel runs on sm_90 only (refusal tested below)")
+    if path == WGMMA and (k_offset % 64 or bs % 64 or k % 8):
+        pytest.skip("the wgmma kernel takes only 64-weight block boundaries and K % 8 == 0 (refusal tested below)")
     seed = int(torch.randint(0, 2**31 - 1, ()).item())  # fresh inputs each run; printed on failure
     x, packed, scale, bias, values, scale_cpu = _case(m, n, k, k_offset, bs, dtype, seed=seed)
     ref = _reference(x, values, scale_cpu, k, bs, k_offset, bias)
-    for rows, k_split, k_unit in choices:
+    for choice in choices:
         _poison_allocator(m * n * 2)
-        y = torch.ops.ternary_serve.gemm_path(x, packed, scale, bias, bs, k_offset, path, rows, k_split, k_unit)
+        y = torch.ops.ternary_serve.gemm_path(x, packed, scale, bias, bs, k_offset, path, *choice)
         torch.cuda.synchronize()
-        tile = f"rows/CTA {rows}, k_split {k_split}, k_unit {k_unit}"
+        tile = "rows/CTA {}, k_split {}, k_unit {}".format(*choice) + (f", tokens/CTA {choice[3]}" if len(choice) > 3 else "")
         assert y.shape == (m, n) and y.dtype == dtype
         assert bool(torch.isfinite(y).all()), f"{reason}, {tile}: unwritten (NaN-poisoned) output"
         rel = _rel_err(y, ref)
@@ -188,7 +197,7 @@ def test_codes_11_decode_to_zero_in_every_kernel():
     values = fmt.unpack_ternary(packed, k)
     x = torch.randn(3, k).to(torch.bfloat16)
     ref = _reference(x, values, scale, k, 128, 0)
-    for path in (GEMV, MMA, DEQUANT, TILED):
+    for path in (GEMV, MMA, DEQUANT, TILED) + ((WGMMA,) if HOPPER else ()):
         y = torch.ops.ternary_serve.gemm_path(x.cuda(), packed.cuda(), scale.cuda(), None, 128, 0, path, 0)
         assert _rel_err(y, ref) < TOL[torch.bfloat16], f"path {path}"
 
@@ -216,6 +225,35 @@ def test_tiled_kernel_is_deterministic_and_refuses_what_it_cannot_read():
     with pytest.raises(RuntimeError, match="rows_per_cta of the tiled kernel must be 0 \\(auto\\), 64 or 128, got 32"):
         torch.ops.ternary_serve.gemm_path(torch.randn(70, 1024, device="cuda").to(torch.bfloat16), packed, scale, None,
                                           128, 0, TILED, 32)
+
+
+def test_wgmma_kernel_is_deterministic_and_refuses_what_it_cannot_read():
+    """One CTA owns each output tile (no split-K): the same bits every run. A shard 32 weights into
+    a block, K % 8 != 0, an unaligned x, a tile it does not have, and (off Hopper) the device
+    itself are refused by name."""
+    if not HOPPER:
+        x, packed, scale, _, _, _ = _case(256, 256, 1024, 0, 128, torch.bfloat16, seed=40)
+        with pytest.raises(RuntimeError, match="runs on sm_90 \\(Hopper\\) devices only"):
+            torch.ops.ternary_serve.gemm_path(x, packed, scale, None, 128, 0, WGMMA, 0)
+        return
+    x, packed, scale, bias, values, scale_cpu = _case(600, 1280, 2048, 0, 128, torch.bfloat16, seed=41)
+    runs = [torch.ops.ternary_serve.gemm_path(x, packed, scale, bias, 128, 0, WGMMA, 0) for _ in range(4)]
+    assert all(torch.equal(runs[0], r) for r in runs[1:])
+    assert _rel_err(runs[0], _reference(x, values, scale_cpu, 2048, 128, 0, bias)) < TOL[torch.bfloat16]
+    x, packed, scale, bias, values, scale_cpu = _case(200, 96, 502, 32, 128, torch.bfloat16, seed=42)
+    with pytest.raises(RuntimeError, match="wgmma kernel needs block_size and k_offset multiples of 64 \\(got 128 "
+                                           "and 32\\), K a multiple of 8 \\(got 502\\)"):
+        torch.ops.ternary_serve.gemm_path(x, packed, scale, None, 128, 32, WGMMA, 0)
+    _, packed, scale, _, _, _ = _case(200, 64, 1024, 0, 128, torch.bfloat16, seed=43)
+    x = torch.randn(200 * 1024 + 1, device="cuda").to(torch.bfloat16)[1:].view(200, 1024)
+    with pytest.raises(RuntimeError, match="x 16-byte aligned"):
+        torch.ops.ternary_serve.gemm_path(x, packed, scale, None, 128, 0, WGMMA, 0)
+    x = torch.randn(200, 1024, device="cuda").to(torch.bfloat16)
+    with pytest.raises(RuntimeError, match="tile \\(tokens_per_cta x rows_per_cta\\) must be 0 x 0 \\(auto\\), "
+                                           "128 x 128, 128 x 256 or 256 x 128, got 256 x 256"):
+        torch.ops.ternary_serve.gemm_path(x, packed, scale, None, 128, 0, WGMMA, 256, 0, 0, 256)
+    with pytest.raises(RuntimeError, match="tokens_per_cta is the wgmma kernel's \\(path 5\\), got 128 for path 4"):
+        torch.ops.ternary_serve.gemm_path(x, packed, scale, None, 128, 0, TILED, 0, 0, 0, 128)
 
 
 def test_default_dispatch_takes_the_tiled_kernel_only_where_it_was_measured_faster():
