@@ -21,7 +21,7 @@ cudaError_t launch_tiled(bool bf16, const void* x, const uint8_t* packed, const 
                          cudaStream_t stream);
 cudaError_t launch_wgmma(bool bf16, const void* x, const uint8_t* packed, const __half* scale, const void* bias,
                          void* y, int M, int N, int K, int ldp, int lds, int block_size, int k_offset, int tokens,
-                         int rows, cudaStream_t stream);
+                         cudaStream_t stream);
 bool wgmma_supported();
 }  // namespace ternary
 
@@ -128,11 +128,10 @@ torch::Tensor gemm_path(const torch::Tensor& x,       // [M, K] bf16/fp16
   CHECK_ARG(tokens_per_cta == 0 || path == kWgmma, "tokens_per_cta is the wgmma kernel's (path 5), got ",
             tokens_per_cta, " for path ", path);
   if (path == kWgmma) {
-    const bool tile_ok = (tokens_per_cta == 0 && rows_per_cta == 0) ||
-                         (tokens_per_cta == 128 && (rows_per_cta == 128 || rows_per_cta == 256)) ||
-                         (tokens_per_cta == 256 && rows_per_cta == 128);
-    CHECK_ARG(tile_ok, "the wgmma kernel's tile (tokens_per_cta x rows_per_cta) must be 0 x 0 (auto), 128 x 128, ",
-              "128 x 256 or 256 x 128, got ", tokens_per_cta, " x ", rows_per_cta);
+    CHECK_ARG((tokens_per_cta == 0 || tokens_per_cta == 128 || tokens_per_cta == 256) &&
+                  (rows_per_cta == 0 || rows_per_cta == 128),
+              "the wgmma kernel's tile is tokens_per_cta 0 (auto), 128 or 256 x rows_per_cta 0 or 128, got ",
+              tokens_per_cta, " x ", rows_per_cta);
     CHECK_ARG(k_split == 0 && k_unit == 0, "the wgmma kernel takes no k_split or k_unit, got ", k_split, " and ",
               k_unit);
   } else if (path == kTiled) {
@@ -160,9 +159,11 @@ torch::Tensor gemm_path(const torch::Tensor& x,       // [M, K] bf16/fp16
   // the tiled kernel copies activations 16 bytes at a time and works in whole scale blocks
   const bool tiled_ok = rows_padded && block_size % 128 == 0 && k_offset % 128 == 0 && K % 8 == 0 &&
                         reinterpret_cast<uintptr_t>(x.data_ptr()) % 16 == 0;
-  // the wgmma kernel: whole 64-weight k-steps inside a scale block, 16-byte activation copies
+  // the wgmma kernel: whole 64-weight k-steps inside a scale block, 16-byte activation copies,
+  // 4-byte scale copies
   const bool wgmma_ok = rows_padded && block_size % 64 == 0 && k_offset % 64 == 0 && K % 8 == 0 &&
-                        reinterpret_cast<uintptr_t>(x.data_ptr()) % 16 == 0;
+                        reinterpret_cast<uintptr_t>(x.data_ptr()) % 16 == 0 &&
+                        reinterpret_cast<uintptr_t>(scale.data_ptr()) % 4 == 0;
   if (path == kAuto) {
     const int64_t wg_min = limits().wgmma_min_m;
     path = (mma_ok && M <= limits().mma_max_m)      ? kMma
@@ -178,7 +179,7 @@ torch::Tensor gemm_path(const torch::Tensor& x,       // [M, K] bf16/fp16
   CHECK_ARG(path != kTiled || tiled_ok, "the tiled kernel needs block_size and k_offset multiples of 128 (got ",
             block_size, " and ", k_offset, "), K a multiple of 8 (got ", K, ") and x 16-byte aligned");
   CHECK_ARG(path != kWgmma || wgmma_ok, "the wgmma kernel needs block_size and k_offset multiples of 64 (got ",
-            block_size, " and ", k_offset, "), K a multiple of 8 (got ", K, ") and x 16-byte aligned");
+            block_size, " and ", k_offset, "), K a multiple of 8 (got ", K, "), x 16-byte and scale 4-byte aligned");
   CHECK_ARG(path != kWgmma || ternary::wgmma_supported(),
             "the wgmma kernel runs on sm_90 (Hopper) devices only; this device is not one");
 
@@ -201,7 +202,7 @@ torch::Tensor gemm_path(const torch::Tensor& x,       // [M, K] bf16/fp16
   if (path == kWgmma) {
     check_cuda_error(ternary::launch_wgmma(bf16, x.data_ptr(), packed.data_ptr<uint8_t>(), scale_ptr, bias_ptr,
                                            y.data_ptr(), M, N, K, ldp, lds, block_size, k_offset, tokens_per_cta,
-                                           rows_per_cta, stream),
+                                           stream),
                      "ternary_wgmma_kernel launch", M, N, K);
     return y;
   }
@@ -266,7 +267,7 @@ TORCH_LIBRARY(ternary_serve, m) {
   // One kernel forced (path 1 gemv, 2 tensor-core, 3 dequantize + cuBLAS, 4 tiled tensor-core,
   // 5 wgmma; rows_per_cta, k_split and k_unit, the tensor-core kernel's W rows per CTA, CTAs per
   // tile along K and weights of K per unit of work, the tiled kernel's W rows (and tokens) per
-  // CTA, the wgmma kernel's W rows per CTA with tokens_per_cta, 0 = auto): for tests and
+  // CTA, the wgmma kernel's tokens per CTA (tokens_per_cta; its W rows are 128), 0 = auto): for tests and
   // benchmarks; gemm is path 0, chosen by M, with every tile choice automatic.
   m.def("gemm_path(Tensor x, Tensor packed, Tensor scale, Tensor? bias, int block_size, int k_offset, int path, "
         "int rows_per_cta, int k_split=0, int k_unit=0, int tokens_per_cta=0) -> Tensor");

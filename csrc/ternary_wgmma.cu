@@ -2,39 +2,45 @@
 // y[M, N] = x[M, K] @ W^T (+ bias).
 //
 // Machete's idea with 2-bit codes: a CTA decodes its W tile ONCE per k-step into a bf16/fp16 tile
-// in shared memory, which both warpgroups' wgmma instructions read as their B operand; the
-// activations are the A operand, copied global -> shared with cp.async. The decode cost scales
-// with the W tile (BN x 64 weights a k-step for 128 tokens), not with warps x tokens as in the
-// mma.sync kernels, which decode each W fragment in every warp that uses it (ternary_tiled.cu);
-// and wgmma is the instruction cuBLAS reaches Hopper's rate with. No bf16 copy of W exists
-// outside the current k-step's shared-memory tile.
+// in shared memory, which both consumer warpgroups' wgmma instructions read as their B operand;
+// the activations are the A operand. The decode cost scales with the W tile (128 x 64 weights a
+// k-step for BM tokens), not with warps x tokens as in the mma.sync kernels, which decode each W
+// fragment in every warp that uses it (ternary_tiled.cu); and wgmma is the instruction cuBLAS
+// reaches Hopper's rate with. No bf16 copy of W exists outside a k-step's shared-memory tile.
 //
-//   CTA tile: BM = 128 MB tokens x BN = 128 NB W rows (MB x NB <= 2: 128 x 128, 128 x 256 or
-//   256 x 128); warpgroup g (threads 128g..128g+127) takes tokens 64 MB g .. 64 MB (g + 1) - 1
-//   against all BN rows: MB x NB wgmma of m64 x n128 a k16 step, 64 MB NB fp32 accumulators a
-//   thread. The decode per FLOP falls with BM (the W tile is decoded once for BM tokens).
+//   CTA tile: BM = 128 MB tokens (MB = 1, 2) x BN = 128 W rows; consumer warpgroup g (threads
+//   128g..128g+127) takes tokens 64 MB g .. 64 MB (g + 1) - 1 against all 128 rows: MB wgmma of
+//   m64 x n128 a k16 step, 64 MB fp32 accumulators a thread. The decode per FLOP falls with BM.
 //
 //                    K (64 a k-step) ->
-//   x tile  [BM tok x 64] bf16  (cp.async, STAGES deep) ------ A (smem desc) --+
-//   codes   [BN rows x 16 B]    (cp.async, STAGES deep)                        |-> wgmma m64 x nBN x k16,
-//      `-- decode * block scale --> W tile [BN x 64] bf16 (2 buffers) -- B ---+    fp32 accumulators
+//   x tile  [BM tok x 64] bf16  --(producer warp: cp.async)--> A (smem desc) --+
+//   codes   [128 rows x 16 B], scales [128 x 4 B] --(producer)-->              |-> wgmma m64 x n128 x k16,
+//      `-- consumers: decode x block scale --> W tile [128 x 64] bf16 -- B ---+    fp32 accumulators
 //
 // Both tiles use the 128-byte swizzle of wgmma's K-major layout: a row is 64 elements (128 B),
 // 16-byte chunk c of row r sits at chunk c ^ (r & 7), atoms of 8 rows x 128 B, 1024-byte aligned.
-// So the decode's 16-byte stores (one W row a thread, chunk c) and the activation copies hit 8
-// different bank groups per 8 threads.
+// So the decode's 16-byte stores (two threads a W row) and the activation copies hit 8 different
+// bank groups per 8 threads.
 //
-// One k-step kt (256 threads, no warp specialization):
-//   wait for stage kt's copies; barrier (A); start copying k-step kt + STAGES - 2 into the stage
-//   k-step kt - 2 used (every warpgroup waited for that k-step's wgmma before (A));
-//   decode stage kt's codes x scale into W buffer kt % 2 (also last read by k-step kt - 2);
-//   fence.proxy.async (the generic-proxy writes become visible to wgmma); barrier (B);
-//   issue 4 k16 steps x NB wgmma, commit, and wait until k-step kt - 1's wgmma is done.
-// The tensor cores run k-step kt - 1 while the threads decode k-step kt.
+// Warp-specialized (as CUTLASS's sm90 cp.async + GMMA mainloops): warp 8 is the producer, the
+// only thread that copies from global memory. It fills STAGES stages (activations, codes, and the
+// 4-byte word of each row's scale) with cp.async and signals stage s's mbarrier full[s] when its
+// copies land (cp.async.mbarrier.arrive); consumers release a stage on empty[s] once their wgmma
+// has read it. Why not every thread copying its share (the first version): the decode's shared
+// stores need fence.proxy.async before wgmma reads them, and a thread's fence waited for its own
+// outstanding global copies, so every k-step paid a memory round trip (0.8-1.3 us a k-step
+// measured, 420 TFLOP/s at M 4096; the scales were also loaded from global one k-step ahead).
+//
+// One k-step kt of the consumers (256 threads):
+//   wait full[kt % STAGES]; decode its codes x scale into W buffer kt % 3; fence.proxy.async;
+//   consumer barrier (W tile complete; and every consumer is past k-step kt - 1's barrier, so
+//   past its wait for wgmma kt - 2 ... buffer (kt + 1) % 3 = (kt - 2) % 3 is free next step);
+//   issue 4 k16 steps x MB wgmma, commit; wait until k-step kt - 1's wgmma is done; release
+//   stage (kt - 1) % STAGES. The tensor cores run k-step kt - 1 while the consumers decode kt.
 //
 // Requires (checked by the host): an sm_90 device, K % 8 == 0 and x 16-byte aligned (16-byte
-// cp.async of activations), rows padded to 8 bytes (ternary_plugin.ops.pad_packed_rows),
-// block_size and k_offset multiples of 64 (a k-step inside one scale block).
+// cp.async of activations), rows padded to 8 bytes (ternary_plugin.ops.pad_packed_rows), scale
+// 4-byte aligned, block_size and k_offset multiples of 64 (a k-step inside one scale block).
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -47,22 +53,26 @@
 namespace ternary {
 namespace {
 
-constexpr int kWgThreads = 256;  // two warpgroups
-constexpr int kBK = 64;          // weights of K a k-step: one 128-byte swizzle row of bf16
-constexpr int kRow = kBK * 2;    // bytes of a tile row
+constexpr int kConsumers = 256;              // two warpgroups: decode + wgmma
+constexpr int kThreads = kConsumers + 32;      // + the producer warp
+constexpr int kBK = 64;                        // weights of K a k-step: one 128-byte swizzle row of bf16
+constexpr int kRow = kBK * 2;                  // bytes of a tile row
+constexpr int kBN = 128;                       // W rows a CTA (two consumer threads a row)
+constexpr int kWBufs = 3;                      // decoded W tiles in flight (see the k-step above)
 
-template <int MB, int NB, int STAGES>
+template <int MB, int STAGES>
 struct WgShape {
-  static_assert(STAGES >= 3, "copies run STAGES - 2 k-steps ahead");
-  static_assert(MB * NB <= 2, "at most 128 fp32 accumulators a thread");
-  static constexpr int kBM = 128 * MB, BN = 128 * NB;  // tokens, W rows a CTA
-  static constexpr int kXBytes = kBM * kRow, kWBytes = BN * kRow, kCBytes = BN * (kBK / 4);
-  // [activation stages | 2 W tiles | code stages], each 1024-byte aligned from the base
-  static constexpr int kWOff = STAGES * kXBytes, kCOff = kWOff + 2 * kWBytes;
-  static constexpr int kPipeBytes = kCOff + STAGES * kCBytes;
-  static constexpr int kOutLd = BN + 8;  // output staging row, padded: conflict-free pair stores
+  static constexpr int kBM = 128 * MB;  // tokens a CTA
+  static constexpr int kXBytes = kBM * kRow, kWBytes = kBN * kRow, kCBytes = kBN * (kBK / 4), kSBytes = kBN * 4;
+  // [activation stages | W tiles | code stages | scale stages | mbarriers full[], empty[]]; the
+  // first two 1024-byte aligned from the base
+  static constexpr int kWOff = STAGES * kXBytes, kCOff = kWOff + kWBufs * kWBytes;
+  static constexpr int kSOff = kCOff + STAGES * kCBytes, kBarOff = kSOff + STAGES * kSBytes;
+  static constexpr int kPipeBytes = kBarOff + 2 * STAGES * 8;
+  static constexpr int kOutLd = kBN + 8;  // output staging row, padded: conflict-free pair stores
   static constexpr int kOutBytes = kBM * kOutLd * 2;
-  static constexpr int kSmemBytes = (kPipeBytes > kOutBytes ? kPipeBytes : kOutBytes) + 1024;  // + alignment
+  static_assert(kOutBytes <= kWOff, "the output tile is staged over the activation stages");
+  static constexpr int kSmemBytes = kPipeBytes + 1024;  // + alignment
 };
 
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -112,83 +122,126 @@ __device__ __forceinline__ void wgmma_wait() {
 __device__ __forceinline__ void fence_async_shared() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 // Pins the accumulators in place around the asynchronous wgmma (as CUTLASS's
 // warpgroup_fence_operand): the compiler must not move or reuse them while wgmma writes them.
-template <int MB, int NB>
-__device__ __forceinline__ void fence_accumulators(float (&acc)[MB][NB][64]) {
+template <int MB>
+__device__ __forceinline__ void fence_accumulators(float (&acc)[MB][64]) {
 #pragma unroll
   for (int a = 0; a < MB; ++a)
 #pragma unroll
-    for (int b = 0; b < NB; ++b)
-#pragma unroll
-      for (int i = 0; i < 64; ++i) asm volatile("" : "+f"(acc[a][b][i])::"memory");
+    for (int i = 0; i < 64; ++i) asm volatile("" : "+f"(acc[a][i])::"memory");
 }
+
+// mbarriers (shared::cta): init, a plain arrive, an arrive when this thread's cp.async land, and
+// the wait for the phase of a given parity
+__device__ __forceinline__ void mbar_init(uint32_t bar, int count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
+  asm volatile("mbarrier.arrive.release.cta.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive_on_copies(uint32_t bar) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
+}
+__device__ __forceinline__ void mbar_wait(uint32_t bar, int parity) {
+  asm volatile(
+      "{\n.reg .pred done;\nWAIT_%=:\n"
+      "mbarrier.try_wait.parity.acquire.cta.shared::cta.b64 done, [%0], %1;\n"
+      "@!done bra WAIT_%=;\n}\n" ::"r"(bar),
+      "r"(parity)
+      : "memory");
+}
+// A barrier of the 256 consumer threads only (named barrier 1; 0 is __syncthreads')
+__device__ __forceinline__ void consumers_sync() { asm volatile("bar.sync 1, %0;\n" ::"n"(kConsumers) : "memory"); }
 #endif
 
-template <typename T, int MB, int NB, int STAGES>
-__global__ void __launch_bounds__(kWgThreads, 1)
+template <typename T, int MB, int STAGES>
+__global__ void __launch_bounds__(kThreads, 1)
 ternary_wgmma_kernel(const T* __restrict__ x,            // [M, K], K % 8 == 0, 16-byte aligned
                      const uint8_t* __restrict__ packed,  // [N, ldp], ldp % 8 == 0
-                     const __half* __restrict__ scale,    // [N, lds]
+                     const __half* __restrict__ scale,    // [N, lds], 4-byte aligned
                      const T* __restrict__ bias,          // [N] or nullptr
                      T* __restrict__ y,                   // [M, N]
                      int M, int N, int K, int ldp, int lds, int block_size, int k_offset) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  using S = WgShape<MB, NB, STAGES>;
+  using S = WgShape<MB, STAGES>;
   constexpr int kBM = S::kBM;
   extern __shared__ uint8_t smem_raw[];
   const uint32_t raw_s = static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw));
   uint8_t* smem = smem_raw + ((1024 - (raw_s & 1023)) & 1023);  // swizzle atoms are 1024-byte aligned
   const uint32_t smem_s = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
-  const int tid = threadIdx.x, wg = tid / 128;
-  const int n0 = blockIdx.x * S::BN, m0 = blockIdx.y * kBM;
+  const uint32_t full_bar = smem_s + S::kBarOff, empty_bar = full_bar + 8 * STAGES;  // + 8 s: stage s's
+  const int tid = threadIdx.x;
+  const int n0 = blockIdx.x * kBN, m0 = blockIdx.y * kBM;
   const int steps = (K + kBK - 1) / kBK;
 
-  // Copies of one k-step. Activations: BM rows x 8 chunks of 16 B, a thread takes chunk tid % 8
-  // of rows tid / 8 + 32 it; codes: BN rows x 2 halves of 8 B, half tid % 2 of rows tid / 2 +
-  // 128 it. Past M, K, N or ldp the copy zero-fills (the source is then any valid address).
-  const int xc = tid % 8, xr = tid / 8;
-  const T* xg = x + (size_t)min(m0 + xr, M - 1) * K + 8 * xc;
-  const int cr = tid / 2, ch = tid % 2;
-  const uint8_t* cg = packed + (size_t)min(n0 + cr, N - 1) * ldp + 8 * ch;
-  auto load_stage = [&](int stage, int kt) {
-    uint8_t* xs = smem + stage * S::kXBytes;
-    const bool k_ok = kt * kBK + 8 * xc < K;
-#pragma unroll
-    for (int it = 0; it < kBM / 32; ++it) {
-      const int row = xr + 32 * it;
-      const bool ok = k_ok && m0 + row < M;
-      cp_async16(xs + sw128(row, xc), ok ? xg + (size_t)32 * it * K + kt * kBK : x, ok);
+  if (tid == 0) {
+    for (int s = 0; s < STAGES; ++s) {
+      mbar_init(full_bar + 8 * s, 32);             // the producer warp's 32 lanes, when their copies land
+      mbar_init(empty_bar + 8 * s, kConsumers / 32);  // lane 0 of each consumer warp
     }
-    uint8_t* cs = smem + S::kCOff + stage * S::kCBytes;
-    const bool byte_ok = kt * (kBK / 4) + 8 * ch < ldp;
-#pragma unroll
-    for (int it = 0; it < NB; ++it) {
-      const int row = cr + 128 * it;
-      const bool ok = byte_ok && n0 + row < N;
-      cp_async8(cs + row * (kBK / 4) + 8 * ch, ok ? cg + (size_t)128 * it * ldp + kt * (kBK / 4) : packed, ok);
-    }
-  };
+  }
+  __syncthreads();  // the last CTA-wide barrier: the producer warp leaves after its loop
 
-  // The decode: W row drow of the tile, 16 / (2 / NB) code bytes of it a thread (NB = 2: the
-  // whole row's 16; NB = 1: half dpart, 8 bytes); its scale block's bits are loaded a k-step
-  // ahead (rows past N read row N - 1: never stored).
-  constexpr int kWords = 2 * NB;  // 32-bit code words (16 weights each) a thread decodes a k-step
-  const int drow = NB == 2 ? tid : tid / 2, dpart = NB == 2 ? 0 : tid % 2;
-  const unsigned short* srow = reinterpret_cast<const unsigned short*>(scale) + (size_t)min(n0 + drow, N - 1) * lds;
-  auto scale_bits = [&](int kt) { return __ldg(srow + (min(kt, steps - 1) * kBK + k_offset) / block_size); };
-  auto decode = [&](int stage, int buf, unsigned short sbits) {
-    const uint8_t* cs = smem + S::kCOff + stage * S::kCBytes + drow * (kBK / 4) + dpart * 8;
-    uint32_t words[kWords];
-    if constexpr (NB == 2) {
-      const uint4 v = *reinterpret_cast<const uint4*>(cs);
-      words[0] = v.x, words[1] = v.y, words[2] = v.z, words[3] = v.w;
-    } else {
-      const uint2 v = *reinterpret_cast<const uint2*>(cs);
-      words[0] = v.x, words[1] = v.y;
-    }
-    const uint32_t s2 = scale_pair<T>(sbits);
-    uint8_t* ws = smem + S::kWOff + buf * S::kWBytes;
+  if (tid >= kConsumers) {
+    // The producer warp. Lane l copies, per k-step: chunk l % 8 of activation rows l / 8 + 4 i,
+    // code half l % 2 of rows l / 2 + 16 i, the scale word of rows l + 32 i. Past M, K, N or ldp the
+    // copy zero-fills (its source is then any valid address). A scale is copied as the aligned
+    // 4-byte word that holds it: 2 bytes where it is the word's first half (never past the tensor).
+    const int l = tid - kConsumers;
+    const int xr = l / 8, xc = l % 8;  // activation rows xr + 4 i, chunk xc
+    const T* xg = x + (size_t)min(m0 + xr, M - 1) * K + 8 * xc;
+    const int cr = l / 2, ch = l % 2;  // code rows cr + 16 i, half ch
+    const uint8_t* cg = packed + (size_t)min(n0 + cr, N - 1) * ldp + 8 * ch;
+    for (int kt = 0; kt < steps; ++kt) {
+      const int s = kt % STAGES;
+      mbar_wait(empty_bar + 8 * s, ((kt / STAGES) & 1) ^ 1);  // round 0 passes at once
+      uint8_t* xs = smem + s * S::kXBytes;
+      const int rows_left = kt * kBK + 8 * xc < K ? M - m0 - xr : 0;  // rows xr + 4 i < rows_left are copied
+      const T* src = xg + kt * kBK;
+#pragma unroll 8
+      for (int i = 0; i < kBM / 4; ++i, src += 4 * (size_t)K) {
+        const bool ok = 4 * i < rows_left;
+        cp_async16(xs + sw128(xr + 4 * i, xc), ok ? src : x, ok);
+      }
+      uint8_t* cs = smem + S::kCOff + s * S::kCBytes;
+      const bool byte_ok = kt * (kBK / 4) + 8 * ch < ldp;
 #pragma unroll
-    for (int w = 0; w < kWords; ++w) {  // weights 16w .. 16w + 15 of the thread's part: chunks 2w, 2w + 1
+      for (int i = 0; i < kBN / 16; ++i) {
+        const bool ok = byte_ok && n0 + cr + 16 * i < N;
+        cp_async8(cs + (cr + 16 * i) * (kBK / 4) + 8 * ch, ok ? cg + (size_t)16 * i * ldp + kt * (kBK / 4) : packed,
+                  ok);
+      }
+      uint8_t* ss = smem + S::kSOff + s * S::kSBytes;
+      const int col = (kt * kBK + k_offset) / block_size;
+#pragma unroll
+      for (int i = 0; i < kBN / 32; ++i) {
+        const int row = l + 32 * i;
+        const size_t idx = (size_t)min(n0 + row, N - 1) * lds + col;
+        const uint32_t dst = static_cast<uint32_t>(__cvta_generic_to_shared(ss + 4 * row));
+        asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(scale + (idx & ~(size_t)1)),
+                     "r"(idx & 1 ? 4 : 2));
+      }
+      mbar_arrive_on_copies(full_bar + 8 * s);
+    }
+    cp_async_wait<0>();
+    return;
+  }
+
+  // Consumers. Decode: W row drow of the tile, code half dpart (8 bytes: 32 weights) a thread.
+  const int wg = tid / 128;
+  const int drow = tid / 2, dpart = tid % 2;
+  // the scale's half of its copied word: the parity of its index (row start + column)
+  const bool scale_hi = ((size_t)min(n0 + drow, N - 1) * lds) & 1;
+  auto decode = [&](int stage, int buf, int kt) {
+    const uint2 codes = *reinterpret_cast<const uint2*>(smem + S::kCOff + stage * S::kCBytes + drow * (kBK / 4) +
+                                                        dpart * 8);
+    const int col = (kt * kBK + k_offset) / block_size;
+    const uint32_t word = *reinterpret_cast<const uint32_t*>(smem + S::kSOff + stage * S::kSBytes + 4 * drow);
+    const bool hi = scale_hi ^ (col & 1);
+    const uint32_t s2 = scale_pair<T>(static_cast<unsigned short>(hi ? word >> 16 : word));
+    uint8_t* ws = smem + S::kWOff + buf * S::kWBytes;
+    const uint32_t words[2] = {codes.x, codes.y};
+#pragma unroll
+    for (int w = 0; w < 2; ++w) {  // weights 16w .. 16w + 15 of the thread's half: chunks 4 dpart + 2w, + 1
       uint32_t p[8];
 #pragma unroll
       for (int b = 0; b < 4; ++b) {
@@ -202,51 +255,36 @@ ternary_wgmma_kernel(const T* __restrict__ x,            // [M, K], K % 8 == 0, 
     }
   };
 
-  float acc[MB][NB][64];
+  float acc[MB][64];
 #pragma unroll
   for (int a = 0; a < MB; ++a)
 #pragma unroll
-    for (int b = 0; b < NB; ++b)
-#pragma unroll
-      for (int i = 0; i < 64; ++i) acc[a][b][i] = 0.f;
+    for (int i = 0; i < 64; ++i) acc[a][i] = 0.f;
 
-#pragma unroll
-  for (int s = 0; s < STAGES - 2; ++s) {
-    if (s < steps) load_stage(s, s);
-    cp_async_commit();
-  }
-  unsigned short s_cur = scale_bits(0);
   for (int kt = 0; kt < steps; ++kt) {
-    cp_async_wait<STAGES - 3>();  // k-step kt has landed (this thread's copies) ...
-    __syncthreads();              // (A) ... everyone's; k-step kt - 2's wgmma done in both warpgroups
-    if (kt + STAGES - 2 < steps) load_stage((kt + STAGES - 2) % STAGES, kt + STAGES - 2);
-    cp_async_commit();
-    const unsigned short s_nxt = scale_bits(kt + 1);
-    decode(kt % STAGES, kt % 2, s_cur);
+    const int s = kt % STAGES, buf = kt % kWBufs;
+    mbar_wait(full_bar + 8 * s, (kt / STAGES) & 1);
+    decode(s, buf, kt);
     fence_async_shared();
-    __syncthreads();  // (B) the W tile and the activations of k-step kt, visible to wgmma
+    consumers_sync();  // the W tile of k-step kt is complete and visible to wgmma
 
     fence_accumulators(acc);
     wgmma_arrive();
-    const uint32_t xa = smem_s + (kt % STAGES) * S::kXBytes + wg * 64 * MB * kRow;
-    const uint32_t wb = smem_s + S::kWOff + (kt % 2) * S::kWBytes;
+    const uint32_t xa = smem_s + s * S::kXBytes + wg * 64 * MB * kRow;
+    const uint32_t wb = smem_s + S::kWOff + buf * S::kWBytes;
 #pragma unroll
     for (int k16 = 0; k16 < kBK / 16; ++k16)
 #pragma unroll
       for (int a = 0; a < MB; ++a)
-#pragma unroll
-        for (int b = 0; b < NB; ++b)
-          wgmma_n128<T>(acc[a][b], sw128_desc(xa + a * 64 * kRow + 32 * k16),
-                        sw128_desc(wb + b * 128 * kRow + 32 * k16));
+        wgmma_n128<T>(acc[a], sw128_desc(xa + a * 64 * kRow + 32 * k16), sw128_desc(wb + 32 * k16));
     wgmma_commit();
-    wgmma_wait<1>();  // k-step kt - 1's wgmma is done: its buffers are free after the next (A)
+    wgmma_wait<1>();  // k-step kt - 1's wgmma is done: its stage goes back to the producer
     fence_accumulators(acc);
-    s_cur = s_nxt;
+    if (kt > 0 && tid % 32 == 0) mbar_arrive(empty_bar + 8 * ((kt - 1) % STAGES));
   }
   wgmma_wait<0>();
   fence_accumulators(acc);
-  cp_async_wait<0>();
-  __syncthreads();  // every warpgroup's wgmma done: the pipeline's shared memory is free
+  consumers_sync();  // every wgmma done: the activation stages are free for the output tile
 
   // The output tile in shared memory as [token][W row] (bias added, rounded once) ...
   T* out = reinterpret_cast<T*>(smem);
@@ -254,26 +292,23 @@ ternary_wgmma_kernel(const T* __restrict__ x,            // [M, K], K % 8 == 0, 
   const int trow = wg * 64 * MB + warp * 16 + lane / 4;
   using T2 = typename MmaTraits<T>::T2;
 #pragma unroll
-  for (int b = 0; b < NB; ++b)
+  for (int j = 0; j < 16; ++j) {
+    const int col = 8 * j + 2 * (lane % 4), n = n0 + col;
+    const float b0 = (bias != nullptr && n < N) ? Vec<T>::to_float(bias[n]) : 0.f;
+    const float b1 = (bias != nullptr && n + 1 < N) ? Vec<T>::to_float(bias[n + 1]) : 0.f;
 #pragma unroll
-    for (int j = 0; j < 16; ++j) {
-      const int col = b * 128 + 8 * j + 2 * (lane % 4), n = n0 + col;
-      const float b0 = (bias != nullptr && n < N) ? Vec<T>::to_float(bias[n]) : 0.f;
-      const float b1 = (bias != nullptr && n + 1 < N) ? Vec<T>::to_float(bias[n + 1]) : 0.f;
+    for (int a = 0; a < MB; ++a)
 #pragma unroll
-      for (int a = 0; a < MB; ++a)
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const T2 v{Vec<T>::from_float(acc[a][b][4 * j + 2 * h] + b0),
-                     Vec<T>::from_float(acc[a][b][4 * j + 2 * h + 1] + b1)};
-          *reinterpret_cast<T2*>(out + (trow + 64 * a + 8 * h) * S::kOutLd + col) = v;
-        }
-    }
-  __syncthreads();
+      for (int h = 0; h < 2; ++h) {
+        const T2 v{Vec<T>::from_float(acc[a][4 * j + 2 * h] + b0), Vec<T>::from_float(acc[a][4 * j + 2 * h + 1] + b1)};
+        *reinterpret_cast<T2*>(out + (trow + 64 * a + 8 * h) * S::kOutLd + col) = v;
+      }
+  }
+  consumers_sync();
   // ... then written a token row at a time, 16 bytes per store where N allows
   const bool vec = N % 8 == 0;
-  for (int i = tid; i < kBM * (S::BN / 8); i += kWgThreads) {
-    const int tok = i / (S::BN / 8), c = i % (S::BN / 8), m = m0 + tok, n = n0 + 8 * c;
+  for (int i = tid; i < kBM * (kBN / 8); i += kConsumers) {
+    const int tok = i / (kBN / 8), c = i % (kBN / 8), m = m0 + tok, n = n0 + 8 * c;
     if (m >= M || n >= N) continue;
     const T* src = out + tok * S::kOutLd + 8 * c;
     T* dst = y + (size_t)m * N + n;
@@ -286,11 +321,11 @@ ternary_wgmma_kernel(const T* __restrict__ x,            // [M, K], K % 8 == 0, 
 #endif  // other targets: never launched (the host checks for an sm_90 device)
 }
 
-template <typename T, int MB, int NB, int STAGES>
+template <typename T, int MB, int STAGES>
 cudaError_t launch_wgmma_shape(const T* x, const uint8_t* packed, const __half* scale, const T* bias, T* y, int M,
                                int N, int K, int ldp, int lds, int block_size, int k_offset, cudaStream_t stream) {
-  using S = WgShape<MB, NB, STAGES>;
-  auto kernel = ternary_wgmma_kernel<T, MB, NB, STAGES>;
+  using S = WgShape<MB, STAGES>;
+  auto kernel = ternary_wgmma_kernel<T, MB, STAGES>;
   static int smem_set[kMaxDevices] = {};  // > 48 KB of dynamic shared memory: per function and device
   cudaError_t err = cudaSuccess;
   if (per_device(smem_set, [&](int) {
@@ -298,33 +333,26 @@ cudaError_t launch_wgmma_shape(const T* x, const uint8_t* packed, const __half* 
         return err == cudaSuccess ? 1 : 0;
       }) != 1)
     return err != cudaSuccess ? err : cudaErrorInvalidDevice;
-  const dim3 grid((N + S::BN - 1) / S::BN, (M + S::kBM - 1) / S::kBM);
-  kernel<<<grid, kWgThreads, S::kSmemBytes, stream>>>(x, packed, scale, bias, y, M, N, K, ldp, lds, block_size,
-                                                       k_offset);
+  const dim3 grid((N + kBN - 1) / kBN, (M + S::kBM - 1) / S::kBM);
+  kernel<<<grid, kThreads, S::kSmemBytes, stream>>>(x, packed, scale, bias, y, M, N, K, ldp, lds, block_size,
+                                                     k_offset);
   return cudaGetLastError();
 }
 
-// tokens x W rows a CTA: 128 x 128, 128 x 256 or 256 x 128; 0 x 0 = auto: the largest tile
-// (fewest decodes per FLOP: 256 x 128, then 128 x 256) that still gives every SM a CTA.
+// tokens a CTA (x 128 W rows): 128 or 256; 0 = auto: 256 (half the decodes per FLOP) where that
+// still gives every SM a CTA.
 template <typename T>
 cudaError_t launch_wgmma_t(const void* x, const uint8_t* packed, const __half* scale, const void* bias, void* y,
-                           int M, int N, int K, int ldp, int lds, int block_size, int k_offset, int tokens, int rows,
+                           int M, int N, int K, int ldp, int lds, int block_size, int k_offset, int tokens,
                            cudaStream_t stream) {
   const T* xt = static_cast<const T*>(x);
   const T* bt = static_cast<const T*>(bias);
   T* yt = static_cast<T*>(y);
-  if (tokens == 0 && rows == 0) {
-    auto tiles = [&](int bm, int bn) { return (long)((M + bm - 1) / bm) * ((N + bn - 1) / bn); };
-    const long sms = sm_count();
-    tokens = tiles(256, 128) >= sms ? 256 : 128;
-    rows = tokens == 128 && tiles(128, 256) >= sms ? 256 : 128;
-  }
-  if (tokens == 256 && rows == 128)  // 4 stages: 128 KB activations + 32 KB W tiles + 8 KB codes
-    return launch_wgmma_shape<T, 2, 1, 4>(xt, packed, scale, bt, yt, M, N, K, ldp, lds, block_size, k_offset, stream);
-  if (tokens == 128 && rows == 256)  // 5 stages: 80 + 64 + 20 KB
-    return launch_wgmma_shape<T, 1, 2, 5>(xt, packed, scale, bt, yt, M, N, K, ldp, lds, block_size, k_offset, stream);
-  if (tokens == 128 && rows == 128)  // 6 stages: 96 + 32 + 12 KB
-    return launch_wgmma_shape<T, 1, 1, 6>(xt, packed, scale, bt, yt, M, N, K, ldp, lds, block_size, k_offset, stream);
+  if (tokens == 0) tokens = (long)((M + 255) / 256) * ((N + kBN - 1) / kBN) >= sm_count() ? 256 : 128;
+  if (tokens == 256)  // 4 stages of 34.5 KB + 3 W tiles of 16 KB
+    return launch_wgmma_shape<T, 2, 4>(xt, packed, scale, bt, yt, M, N, K, ldp, lds, block_size, k_offset, stream);
+  if (tokens == 128)  // 6 stages of 18.5 KB + 3 W tiles of 16 KB
+    return launch_wgmma_shape<T, 1, 6>(xt, packed, scale, bt, yt, M, N, K, ldp, lds, block_size, k_offset, stream);
   return cudaErrorInvalidValue;
 }
 
@@ -341,15 +369,15 @@ bool wgmma_supported() {
          }) == 1;
 }
 
-// tokens x rows: the CTA tile (above); 0 x 0 = auto.
+// tokens: per CTA (x 128 W rows), 128 or 256; 0 = auto (above).
 cudaError_t launch_wgmma(bool bf16, const void* x, const uint8_t* packed, const __half* scale, const void* bias,
                          void* y, int M, int N, int K, int ldp, int lds, int block_size, int k_offset, int tokens,
-                         int rows, cudaStream_t stream) {
+                         cudaStream_t stream) {
   if (!wgmma_supported()) return cudaErrorNotSupported;
   return bf16 ? launch_wgmma_t<__nv_bfloat16>(x, packed, scale, bias, y, M, N, K, ldp, lds, block_size, k_offset,
-                                              tokens, rows, stream)
+                                              tokens, stream)
               : launch_wgmma_t<__half>(x, packed, scale, bias, y, M, N, K, ldp, lds, block_size, k_offset, tokens,
-                                       rows, stream);
+                                       stream);
 }
 
 }  // namespace ternary

@@ -146,8 +146,8 @@ for _ in range(5):
 torch.cuda.synchronize()
 EOF2
     echo "--- ncu $tag $name M=$m"
-    grep -E "Duration|Memory Throughput|DRAM Throughput|Compute \(SM\) Throughput|Registers Per|Achieved Occupancy|Theoretical Occupancy|Block Limit|Warp Cycles Per Issued|Stall|Grid Size|Cluster Size|Dynamic Shared|Waves Per SM|L2 Hit|Issue Slots Busy|Executed Ipc A|Mem Busy|Max Bandwidth|One or More|No Eligible" \
-      "$LOGS/ncu-$tag-$name-m$m.txt" | head -45
+    grep -E "Duration|Memory Throughput|DRAM Throughput|Compute \(SM\) Throughput|Registers Per|Achieved Occupancy|Theoretical Occupancy|Block Limit|Warp Cycles Per Issued|Stall|Grid Size|Cluster Size|Dynamic Shared|Waves Per SM|L2 Hit|Issue Slots Busy|Executed Ipc A|Mem Busy|Max Bandwidth|One or More|No Eligible|stalled_[a-z_]*_per_issue_active.ratio +[0-9.]*[1-9]" \
+      "$LOGS/ncu-$tag-$name-m$m.txt" | head -70
   done
 }
 NCU_SECTIONS="--section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
@@ -165,7 +165,8 @@ stage_profile_tiled() {  # the tiled kernel: gate_up at M 4096 (128-row tile) an
 }
 
 stage_profile_wgmma() {  # the wgmma kernel (auto tile): gate_up and o/tp4 (K 512, N 1024) at M 4096
-  ncu_cases ternary_wgmma_kernel 5 wgmma "$NCU_SECTIONS --section ComputeWorkloadAnalysis" \
+  ncu_cases ternary_wgmma_kernel 5 wgmma "$NCU_SECTIONS --section ComputeWorkloadAnalysis \
+    --metrics regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio" \
     gate_up:1024:6144:4096 o_tp4:512:1024:4096
 }
 
