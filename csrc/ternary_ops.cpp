@@ -21,7 +21,7 @@ cudaError_t launch_tiled(bool bf16, const void* x, const uint8_t* packed, const 
                          cudaStream_t stream);
 cudaError_t launch_wgmma(bool bf16, const void* x, const uint8_t* packed, const __half* scale, const void* bias,
                          void* y, int M, int N, int K, int ldp, int lds, int block_size, int k_offset, int tokens,
-                         cudaStream_t stream);
+                         int rows, cudaStream_t stream);
 bool wgmma_supported();
 }  // namespace ternary
 
@@ -128,10 +128,11 @@ torch::Tensor gemm_path(const torch::Tensor& x,       // [M, K] bf16/fp16
   CHECK_ARG(tokens_per_cta == 0 || path == kWgmma, "tokens_per_cta is the wgmma kernel's (path 5), got ",
             tokens_per_cta, " for path ", path);
   if (path == kWgmma) {
-    CHECK_ARG((tokens_per_cta == 0 || tokens_per_cta == 128 || tokens_per_cta == 256) &&
-                  (rows_per_cta == 0 || rows_per_cta == 128),
-              "the wgmma kernel's tile is tokens_per_cta 0 (auto), 128 or 256 x rows_per_cta 0 or 128, got ",
-              tokens_per_cta, " x ", rows_per_cta);
+    const bool tile_ok = (tokens_per_cta == 0 && rows_per_cta == 0) ||
+                         (tokens_per_cta == 128 && (rows_per_cta == 128 || rows_per_cta == 256)) ||
+                         (tokens_per_cta == 256 && rows_per_cta == 128);
+    CHECK_ARG(tile_ok, "the wgmma kernel's tile (tokens_per_cta x rows_per_cta) must be 0 x 0 (auto), 128 x 128, ",
+              "256 x 128 or 128 x 256, got ", tokens_per_cta, " x ", rows_per_cta);
     CHECK_ARG(k_split == 0 && k_unit == 0, "the wgmma kernel takes no k_split or k_unit, got ", k_split, " and ",
               k_unit);
   } else if (path == kTiled) {
@@ -159,11 +160,12 @@ torch::Tensor gemm_path(const torch::Tensor& x,       // [M, K] bf16/fp16
   // the tiled kernel copies activations 16 bytes at a time and works in whole scale blocks
   const bool tiled_ok = rows_padded && block_size % 128 == 0 && k_offset % 128 == 0 && K % 8 == 0 &&
                         reinterpret_cast<uintptr_t>(x.data_ptr()) % 16 == 0;
-  // the wgmma kernel: whole 64-weight k-steps inside a scale block, 16-byte activation copies,
-  // 4-byte scale copies
-  const bool wgmma_ok = rows_padded && block_size % 64 == 0 && k_offset % 64 == 0 && K % 8 == 0 &&
+  // the wgmma kernel: whole 64-weight k-steps inside a scale block, TMA copies (rows and bases
+  // 16-byte aligned), a row's scale blocks in shared memory (at most 64)
+  const bool wgmma_ok = ldp % 16 == 0 && reinterpret_cast<uintptr_t>(packed.data_ptr()) % 16 == 0 &&
+                        block_size % 64 == 0 && k_offset % 64 == 0 && K % 8 == 0 &&
                         reinterpret_cast<uintptr_t>(x.data_ptr()) % 16 == 0 &&
-                        reinterpret_cast<uintptr_t>(scale.data_ptr()) % 4 == 0;
+                        (k_offset + K - 1) / block_size - k_offset / block_size + 1 <= 64;
   if (path == kAuto) {
     const int64_t wg_min = limits().wgmma_min_m;
     path = (mma_ok && M <= limits().mma_max_m)      ? kMma
@@ -179,7 +181,8 @@ torch::Tensor gemm_path(const torch::Tensor& x,       // [M, K] bf16/fp16
   CHECK_ARG(path != kTiled || tiled_ok, "the tiled kernel needs block_size and k_offset multiples of 128 (got ",
             block_size, " and ", k_offset, "), K a multiple of 8 (got ", K, ") and x 16-byte aligned");
   CHECK_ARG(path != kWgmma || wgmma_ok, "the wgmma kernel needs block_size and k_offset multiples of 64 (got ",
-            block_size, " and ", k_offset, "), K a multiple of 8 (got ", K, "), x 16-byte and scale 4-byte aligned");
+            block_size, " and ", k_offset, "), K a multiple of 8 (got ", K, "), x and packed 16-byte aligned, rows ",
+            "padded to 16 bytes (ldp=", ldp, ") and at most 64 scale blocks a row");
   CHECK_ARG(path != kWgmma || ternary::wgmma_supported(),
             "the wgmma kernel runs on sm_90 (Hopper) devices only; this device is not one");
 
@@ -202,7 +205,7 @@ torch::Tensor gemm_path(const torch::Tensor& x,       // [M, K] bf16/fp16
   if (path == kWgmma) {
     check_cuda_error(ternary::launch_wgmma(bf16, x.data_ptr(), packed.data_ptr<uint8_t>(), scale_ptr, bias_ptr,
                                            y.data_ptr(), M, N, K, ldp, lds, block_size, k_offset, tokens_per_cta,
-                                           stream),
+                                           rows_per_cta, stream),
                      "ternary_wgmma_kernel launch", M, N, K);
     return y;
   }
@@ -267,7 +270,7 @@ TORCH_LIBRARY(ternary_serve, m) {
   // One kernel forced (path 1 gemv, 2 tensor-core, 3 dequantize + cuBLAS, 4 tiled tensor-core,
   // 5 wgmma; rows_per_cta, k_split and k_unit, the tensor-core kernel's W rows per CTA, CTAs per
   // tile along K and weights of K per unit of work, the tiled kernel's W rows (and tokens) per
-  // CTA, the wgmma kernel's tokens per CTA (tokens_per_cta; its W rows are 128), 0 = auto): for tests and
+  // CTA, the wgmma kernel's W rows per CTA with tokens_per_cta, 0 = auto): for tests and
   // benchmarks; gemm is path 0, chosen by M, with every tile choice automatic.
   m.def("gemm_path(Tensor x, Tensor packed, Tensor scale, Tensor? bias, int block_size, int k_offset, int path, "
         "int rows_per_cta, int k_split=0, int k_unit=0, int tokens_per_cta=0) -> Tensor");

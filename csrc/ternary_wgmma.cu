@@ -8,9 +8,11 @@
 // fragment in every warp that uses it (ternary_tiled.cu); and wgmma is the instruction cuBLAS
 // reaches Hopper's rate with. No bf16 copy of W exists outside a k-step's shared-memory tile.
 //
-//   CTA tile: BM = 128 MB tokens (MB = 1, 2) x BN = 128 W rows; consumer warpgroup g (threads
-//   128g..128g+127) takes tokens 64 MB g .. 64 MB (g + 1) - 1 against all 128 rows: MB wgmma of
-//   m64 x n128 a k16 step, 64 MB fp32 accumulators a thread. The decode per FLOP falls with BM.
+//   CTA tile: BM = 128 MB tokens x BN = 128 NB W rows (MB x NB <= 2: 128 x 128, 256 x 128 or
+//   128 x 256); consumer warpgroup g (threads 128g..128g+127) takes tokens 64 MB g .. 64 MB (g + 1)
+//   - 1 against all BN rows: MB x NB wgmma of m64 x n128 a k16 step, 64 MB NB fp32 accumulators a
+//   thread. The decode per FLOP falls with BM; the activation bytes copied per FLOP with BN (each
+//   activation tile is read by N / BN CTAs).
 //
 //                    K (64 a k-step) ->
 //   x tile  [BM tok x 64] bf16  --(producer warp: cp.async)--> A (smem desc) --+
@@ -38,14 +40,19 @@
 //   issue 4 k16 steps x MB wgmma, commit; wait until k-step kt - 1's wgmma is done; release
 //   stage (kt - 1) % STAGES. The tensor cores run k-step kt - 1 while the consumers decode kt.
 //
-// Requires (checked by the host): an sm_90 device, K % 8 == 0 and x 16-byte aligned (16-byte
-// cp.async of activations), rows padded to 8 bytes (ternary_plugin.ops.pad_packed_rows), scale
-// 4-byte aligned, block_size and k_offset multiples of 64 (a k-step inside one scale block).
+// Requires (checked by the host): an sm_90 device; K % 8 == 0, x and packed 16-byte aligned and
+// rows padded to 16 bytes (ternary_plugin.ops.pad_packed_rows): the TMA's row strides and
+// addresses; block_size and k_offset multiples of 64 (a k-step inside one scale block); at most
+// kMaxScaleCols scale blocks a row.
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda.h>
+#include <cudaTypedefs.h>
 #include <cuda_runtime.h>
 #include <stdint.h>
+
+#include <cstdlib>
 
 #include "ternary_common.cuh"
 #include "ternary_mma.cuh"
@@ -57,21 +64,22 @@ constexpr int kConsumers = 256;              // two warpgroups: decode + wgmma
 constexpr int kThreads = kConsumers + 32;      // + the producer warp
 constexpr int kBK = 64;                        // weights of K a k-step: one 128-byte swizzle row of bf16
 constexpr int kRow = kBK * 2;                  // bytes of a tile row
-constexpr int kBN = 128;                       // W rows a CTA (two consumer threads a row)
 constexpr int kWBufs = 3;                      // decoded W tiles in flight (see the k-step above)
+constexpr int kMaxScaleCols = 64;              // scale blocks of a row the CTA holds (K <= 8192 at 128)
 
-template <int MB, int STAGES>
+template <int MB, int NB, int STAGES>
 struct WgShape {
-  static constexpr int kBM = 128 * MB;  // tokens a CTA
-  static constexpr int kXBytes = kBM * kRow, kWBytes = kBN * kRow, kCBytes = kBN * (kBK / 4), kSBytes = kBN * 4;
-  // [activation stages | W tiles | code stages | scale stages | mbarriers full[], empty[]]; the
-  // first two 1024-byte aligned from the base
+  static_assert(MB * NB <= 2, "at most 128 fp32 accumulators a thread");
+  static constexpr int kBM = 128 * MB, kBN = 128 * NB;  // tokens, W rows a CTA
+  static constexpr int kXBytes = kBM * kRow, kWBytes = kBN * kRow, kCBytes = kBN * (kBK / 4);
+  // [activation stages | W tiles | code stages | the rows' scales | mbarriers full[], empty[]];
+  // the first two 1024-byte aligned from the base
   static constexpr int kWOff = STAGES * kXBytes, kCOff = kWOff + kWBufs * kWBytes;
-  static constexpr int kSOff = kCOff + STAGES * kCBytes, kBarOff = kSOff + STAGES * kSBytes;
+  static constexpr int kSOff = kCOff + STAGES * kCBytes, kBarOff = kSOff + kBN * kMaxScaleCols * 2;
   static constexpr int kPipeBytes = kBarOff + 2 * STAGES * 8;
   static constexpr int kOutLd = kBN + 8;  // output staging row, padded: conflict-free pair stores
   static constexpr int kOutBytes = kBM * kOutLd * 2;
-  static_assert(kOutBytes <= kWOff, "the output tile is staged over the activation stages");
+  static_assert(kOutBytes <= kCOff, "the output tile is staged over the activation stages and W tiles");
   static constexpr int kSmemBytes = kPipeBytes + 1024;  // + alignment
 };
 
@@ -122,24 +130,22 @@ __device__ __forceinline__ void wgmma_wait() {
 __device__ __forceinline__ void fence_async_shared() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 // Pins the accumulators in place around the asynchronous wgmma (as CUTLASS's
 // warpgroup_fence_operand): the compiler must not move or reuse them while wgmma writes them.
-template <int MB>
-__device__ __forceinline__ void fence_accumulators(float (&acc)[MB][64]) {
+template <int MB, int NB>
+__device__ __forceinline__ void fence_accumulators(float (&acc)[MB][NB][64]) {
 #pragma unroll
   for (int a = 0; a < MB; ++a)
 #pragma unroll
-    for (int i = 0; i < 64; ++i) asm volatile("" : "+f"(acc[a][i])::"memory");
+    for (int b = 0; b < NB; ++b)
+#pragma unroll
+      for (int i = 0; i < 64; ++i) asm volatile("" : "+f"(acc[a][b][i])::"memory");
 }
 
-// mbarriers (shared::cta): init, a plain arrive, an arrive when this thread's cp.async land, and
-// the wait for the phase of a given parity
+// mbarriers (shared::cta): init, arrive, and the wait for the phase of a given parity
 __device__ __forceinline__ void mbar_init(uint32_t bar, int count) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
 }
 __device__ __forceinline__ void mbar_arrive(uint32_t bar) {
   asm volatile("mbarrier.arrive.release.cta.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
-}
-__device__ __forceinline__ void mbar_arrive_on_copies(uint32_t bar) {
-  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
 }
 __device__ __forceinline__ void mbar_wait(uint32_t bar, int parity) {
   asm volatile(
@@ -153,17 +159,17 @@ __device__ __forceinline__ void mbar_wait(uint32_t bar, int parity) {
 __device__ __forceinline__ void consumers_sync() { asm volatile("bar.sync 1, %0;\n" ::"n"(kConsumers) : "memory"); }
 #endif
 
-template <typename T, int MB, int STAGES>
+template <typename T, int MB, int NB, int STAGES>
 __global__ void __launch_bounds__(kThreads, 1)
-ternary_wgmma_kernel(const T* __restrict__ x,            // [M, K], K % 8 == 0, 16-byte aligned
-                     const uint8_t* __restrict__ packed,  // [N, ldp], ldp % 8 == 0
-                     const __half* __restrict__ scale,    // [N, lds], 4-byte aligned
+ternary_wgmma_kernel(const __grid_constant__ CUtensorMap x_map,      // x [M, K]: boxes 64 x BM, 128-byte swizzle
+                     const __grid_constant__ CUtensorMap code_map,   // packed [N, ldp]: boxes 16 B x BN rows
+                     const __half* __restrict__ scale,    // [N, lds]
                      const T* __restrict__ bias,          // [N] or nullptr
                      T* __restrict__ y,                   // [M, N]
-                     int M, int N, int K, int ldp, int lds, int block_size, int k_offset) {
+                     int M, int N, int K, int ldp, int lds, int block_size, int k_offset, int probe) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  using S = WgShape<MB, STAGES>;
-  constexpr int kBM = S::kBM;
+  using S = WgShape<MB, NB, STAGES>;
+  constexpr int kBM = S::kBM, kBN = S::kBN;
   extern __shared__ uint8_t smem_raw[];
   const uint32_t raw_s = static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw));
   uint8_t* smem = smem_raw + ((1024 - (raw_s & 1023)) & 1023);  // swizzle atoms are 1024-byte aligned
@@ -175,73 +181,64 @@ ternary_wgmma_kernel(const T* __restrict__ x,            // [M, K], K % 8 == 0, 
 
   if (tid == 0) {
     for (int s = 0; s < STAGES; ++s) {
-      mbar_init(full_bar + 8 * s, 32);             // the producer warp's 32 lanes, when their copies land
+      mbar_init(full_bar + 8 * s, 1);  // the producer's arrive with the TMA's byte count
       mbar_init(empty_bar + 8 * s, kConsumers / 32);  // lane 0 of each consumer warp
     }
   }
   __syncthreads();  // the last CTA-wide barrier: the producer warp leaves after its loop
 
   if (tid >= kConsumers) {
-    // The producer warp. Lane l copies, per k-step: chunk l % 8 of activation rows l / 8 + 4 i,
-    // code half l % 2 of rows l / 2 + 16 i, the scale word of rows l + 32 i. Past M, K, N or ldp the
-    // copy zero-fills (its source is then any valid address). A scale is copied as the aligned
-    // 4-byte word that holds it: 2 bytes where it is the word's first half (never past the tensor).
-    const int l = tid - kConsumers;
-    const int xr = l / 8, xc = l % 8;  // activation rows xr + 4 i, chunk xc
-    const T* xg = x + (size_t)min(m0 + xr, M - 1) * K + 8 * xc;
-    const int cr = l / 2, ch = l % 2;  // code rows cr + 16 i, half ch
-    const uint8_t* cg = packed + (size_t)min(n0 + cr, N - 1) * ldp + 8 * ch;
-    for (int kt = 0; kt < steps; ++kt) {
-      const int s = kt % STAGES;
-      mbar_wait(empty_bar + 8 * s, ((kt / STAGES) & 1) ^ 1);  // round 0 passes at once
-      uint8_t* xs = smem + s * S::kXBytes;
-      const int rows_left = kt * kBK + 8 * xc < K ? M - m0 - xr : 0;  // rows xr + 4 i < rows_left are copied
-      const T* src = xg + kt * kBK;
-#pragma unroll 8
-      for (int i = 0; i < kBM / 4; ++i, src += 4 * (size_t)K) {
-        const bool ok = 4 * i < rows_left;
-        cp_async16(xs + sw128(xr + 4 * i, xc), ok ? src : x, ok);
+    // The producer warp: one lane has the TMA copy each k-step's activation tile (BM x 64,
+    // swizzled as wgmma reads it) and code tile (128 rows x 16 B), zeros past M, K, N and ldp,
+    // and counts their bytes on full[s].
+    if (tid == kConsumers) {
+      for (int kt = 0; kt < steps; ++kt) {
+        const int s = kt % STAGES;
+        mbar_wait(empty_bar + 8 * s, ((kt / STAGES) & 1) ^ 1);  // round 0 passes at once
+        const uint32_t bar = full_bar + 8 * s;
+        asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar),
+                     "n"(S::kXBytes + S::kCBytes) : "memory");
+        asm volatile(
+            "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], "
+            "[%4];\n" ::"r"(smem_s + s * S::kXBytes), "l"(reinterpret_cast<uint64_t>(&x_map)), "r"(kt * kBK), "r"(m0),
+            "r"(bar)
+            : "memory");
+        asm volatile(
+            "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], "
+            "[%4];\n" ::"r"(smem_s + S::kCOff + s * S::kCBytes), "l"(reinterpret_cast<uint64_t>(&code_map)),
+            "r"(kt * (kBK / 4)), "r"(n0), "r"(bar)
+            : "memory");
       }
-      uint8_t* cs = smem + S::kCOff + s * S::kCBytes;
-      const bool byte_ok = kt * (kBK / 4) + 8 * ch < ldp;
-#pragma unroll
-      for (int i = 0; i < kBN / 16; ++i) {
-        const bool ok = byte_ok && n0 + cr + 16 * i < N;
-        cp_async8(cs + (cr + 16 * i) * (kBK / 4) + 8 * ch, ok ? cg + (size_t)16 * i * ldp + kt * (kBK / 4) : packed,
-                  ok);
-      }
-      uint8_t* ss = smem + S::kSOff + s * S::kSBytes;
-      const int col = (kt * kBK + k_offset) / block_size;
-#pragma unroll
-      for (int i = 0; i < kBN / 32; ++i) {
-        const int row = l + 32 * i;
-        const size_t idx = (size_t)min(n0 + row, N - 1) * lds + col;
-        const uint32_t dst = static_cast<uint32_t>(__cvta_generic_to_shared(ss + 4 * row));
-        asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(scale + (idx & ~(size_t)1)),
-                     "r"(idx & 1 ? 4 : 2));
-      }
-      mbar_arrive_on_copies(full_bar + 8 * s);
     }
-    cp_async_wait<0>();
     return;
   }
 
-  // Consumers. Decode: W row drow of the tile, code half dpart (8 bytes: 32 weights) a thread.
+  // Consumers. Decode: W row drow of the tile, 16 / (2 / NB) code bytes of it a thread (NB = 2:
+  // the row's 16; NB = 1: half dpart, 8 bytes).
+  constexpr int kPerRow = 2 / NB, kWords = 2 * NB;  // threads a row; 32-bit code words a thread
   const int wg = tid / 128;
-  const int drow = tid / 2, dpart = tid % 2;
-  // the scale's half of its copied word: the parity of its index (row start + column)
-  const bool scale_hi = ((size_t)min(n0 + drow, N - 1) * lds) & 1;
+  const int drow = tid / kPerRow, dpart = tid % kPerRow;
+  // The row's scale blocks, into shared memory once (the threads of a row take alternate columns;
+  // rows past N read row N - 1: never stored). The host checks they fit kMaxScaleCols.
+  const int col0 = k_offset / block_size, cols = (k_offset + K - 1) / block_size - col0 + 1;
+  unsigned short* srow = reinterpret_cast<unsigned short*>(smem + S::kSOff) + drow * kMaxScaleCols;
+  const unsigned short* sg = reinterpret_cast<const unsigned short*>(scale) + (size_t)min(n0 + drow, N - 1) * lds + col0;
+  for (int c = dpart; c < cols; c += kPerRow) srow[c] = __ldg(sg + c);
+  consumers_sync();
   auto decode = [&](int stage, int buf, int kt) {
-    const uint2 codes = *reinterpret_cast<const uint2*>(smem + S::kCOff + stage * S::kCBytes + drow * (kBK / 4) +
-                                                        dpart * 8);
-    const int col = (kt * kBK + k_offset) / block_size;
-    const uint32_t word = *reinterpret_cast<const uint32_t*>(smem + S::kSOff + stage * S::kSBytes + 4 * drow);
-    const bool hi = scale_hi ^ (col & 1);
-    const uint32_t s2 = scale_pair<T>(static_cast<unsigned short>(hi ? word >> 16 : word));
+    const uint8_t* cs = smem + S::kCOff + stage * S::kCBytes + drow * (kBK / 4) + dpart * 8;
+    uint32_t words[kWords];
+    if constexpr (NB == 2) {
+      const uint4 v = *reinterpret_cast<const uint4*>(cs);
+      words[0] = v.x, words[1] = v.y, words[2] = v.z, words[3] = v.w;
+    } else {
+      const uint2 v = *reinterpret_cast<const uint2*>(cs);
+      words[0] = v.x, words[1] = v.y;
+    }
+    const uint32_t s2 = scale_pair<T>(srow[(kt * kBK + k_offset) / block_size - col0]);
     uint8_t* ws = smem + S::kWOff + buf * S::kWBytes;
-    const uint32_t words[2] = {codes.x, codes.y};
 #pragma unroll
-    for (int w = 0; w < 2; ++w) {  // weights 16w .. 16w + 15 of the thread's half: chunks 4 dpart + 2w, + 1
+    for (int w = 0; w < kWords; ++w) {  // weights 16w .. 16w + 15 of the thread's part: chunks 4 dpart + 2w, + 1
       uint32_t p[8];
 #pragma unroll
       for (int b = 0; b < 4; ++b) {
@@ -255,20 +252,23 @@ ternary_wgmma_kernel(const T* __restrict__ x,            // [M, K], K % 8 == 0, 
     }
   };
 
-  float acc[MB][64];
+  float acc[MB][NB][64];
 #pragma unroll
   for (int a = 0; a < MB; ++a)
 #pragma unroll
-    for (int i = 0; i < 64; ++i) acc[a][i] = 0.f;
+    for (int b = 0; b < NB; ++b)
+#pragma unroll
+      for (int i = 0; i < 64; ++i) acc[a][b][i] = 0.f;
 
   for (int kt = 0; kt < steps; ++kt) {
     const int s = kt % STAGES, buf = kt % kWBufs;
     mbar_wait(full_bar + 8 * s, (kt / STAGES) & 1);
-    decode(s, buf, kt);
-    fence_async_shared();
-    consumers_sync();  // the W tile of k-step kt is complete and visible to wgmma
+    if (!(probe & 1)) decode(s, buf, kt);
+    if (!(probe & 4)) fence_async_shared();
+    if (!(probe & 8)) consumers_sync();  // the W tile of k-step kt is complete and visible to wgmma
 
     fence_accumulators(acc);
+    if (!(probe & 2)) {
     wgmma_arrive();
     const uint32_t xa = smem_s + s * S::kXBytes + wg * 64 * MB * kRow;
     const uint32_t wb = smem_s + S::kWOff + buf * S::kWBytes;
@@ -276,8 +276,12 @@ ternary_wgmma_kernel(const T* __restrict__ x,            // [M, K], K % 8 == 0, 
     for (int k16 = 0; k16 < kBK / 16; ++k16)
 #pragma unroll
       for (int a = 0; a < MB; ++a)
-        wgmma_n128<T>(acc[a], sw128_desc(xa + a * 64 * kRow + 32 * k16), sw128_desc(wb + 32 * k16));
+#pragma unroll
+        for (int b = 0; b < NB; ++b)
+          wgmma_n128<T>(acc[a][b], sw128_desc(xa + a * 64 * kRow + 32 * k16),
+                        sw128_desc(wb + b * 128 * kRow + 32 * k16));
     wgmma_commit();
+    }
     wgmma_wait<1>();  // k-step kt - 1's wgmma is done: its stage goes back to the producer
     fence_accumulators(acc);
     if (kt > 0 && tid % 32 == 0) mbar_arrive(empty_bar + 8 * ((kt - 1) % STAGES));
@@ -292,18 +296,21 @@ ternary_wgmma_kernel(const T* __restrict__ x,            // [M, K], K % 8 == 0, 
   const int trow = wg * 64 * MB + warp * 16 + lane / 4;
   using T2 = typename MmaTraits<T>::T2;
 #pragma unroll
-  for (int j = 0; j < 16; ++j) {
-    const int col = 8 * j + 2 * (lane % 4), n = n0 + col;
-    const float b0 = (bias != nullptr && n < N) ? Vec<T>::to_float(bias[n]) : 0.f;
-    const float b1 = (bias != nullptr && n + 1 < N) ? Vec<T>::to_float(bias[n + 1]) : 0.f;
+  for (int b = 0; b < NB; ++b)
 #pragma unroll
-    for (int a = 0; a < MB; ++a)
+    for (int j = 0; j < 16; ++j) {
+      const int col = 128 * b + 8 * j + 2 * (lane % 4), n = n0 + col;
+      const float b0 = (bias != nullptr && n < N) ? Vec<T>::to_float(bias[n]) : 0.f;
+      const float b1 = (bias != nullptr && n + 1 < N) ? Vec<T>::to_float(bias[n + 1]) : 0.f;
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const T2 v{Vec<T>::from_float(acc[a][4 * j + 2 * h] + b0), Vec<T>::from_float(acc[a][4 * j + 2 * h + 1] + b1)};
-        *reinterpret_cast<T2*>(out + (trow + 64 * a + 8 * h) * S::kOutLd + col) = v;
-      }
-  }
+      for (int a = 0; a < MB; ++a)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const T2 v{Vec<T>::from_float(acc[a][b][4 * j + 2 * h] + b0),
+                     Vec<T>::from_float(acc[a][b][4 * j + 2 * h + 1] + b1)};
+          *reinterpret_cast<T2*>(out + (trow + 64 * a + 8 * h) * S::kOutLd + col) = v;
+        }
+    }
   consumers_sync();
   // ... then written a token row at a time, 16 bytes per store where N allows
   const bool vec = N % 8 == 0;
@@ -321,11 +328,24 @@ ternary_wgmma_kernel(const T* __restrict__ x,            // [M, K], K % 8 == 0, 
 #endif  // other targets: never launched (the host checks for an sm_90 device)
 }
 
-template <typename T, int MB, int STAGES>
+// The driver's cuTensorMapEncodeTiled, found once through the runtime (no link to libcuda).
+PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
+  static const PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
+    void* p = nullptr;
+    cudaDriverEntryPointQueryResult found{};
+    const bool ok = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault,
+                                                     &found) == cudaSuccess &&
+                    found == cudaDriverEntryPointSuccess;
+    return ok ? reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(p) : nullptr;
+  }();
+  return fn;
+}
+
+template <typename T, int MB, int NB, int STAGES>
 cudaError_t launch_wgmma_shape(const T* x, const uint8_t* packed, const __half* scale, const T* bias, T* y, int M,
                                int N, int K, int ldp, int lds, int block_size, int k_offset, cudaStream_t stream) {
-  using S = WgShape<MB, STAGES>;
-  auto kernel = ternary_wgmma_kernel<T, MB, STAGES>;
+  using S = WgShape<MB, NB, STAGES>;
+  auto kernel = ternary_wgmma_kernel<T, MB, NB, STAGES>;
   static int smem_set[kMaxDevices] = {};  // > 48 KB of dynamic shared memory: per function and device
   cudaError_t err = cudaSuccess;
   if (per_device(smem_set, [&](int) {
@@ -333,26 +353,53 @@ cudaError_t launch_wgmma_shape(const T* x, const uint8_t* packed, const __half* 
         return err == cudaSuccess ? 1 : 0;
       }) != 1)
     return err != cudaSuccess ? err : cudaErrorInvalidDevice;
-  const dim3 grid((N + kBN - 1) / kBN, (M + S::kBM - 1) / S::kBM);
-  kernel<<<grid, kThreads, S::kSmemBytes, stream>>>(x, packed, scale, bias, y, M, N, K, ldp, lds, block_size,
-                                                     k_offset);
+  // x as a 2-D tensor (K innermost, rows K * 2 bytes apart: K % 8 == 0 keeps them 16-byte aligned)
+  // read in boxes of 64 x BM; the TMA writes zeros past M and K.
+  const auto encode = tensor_map_encoder();
+  if (encode == nullptr) return cudaErrorNotSupported;
+  CUtensorMap x_map;
+  const cuuint64_t dims[2] = {(cuuint64_t)K, (cuuint64_t)M}, strides[1] = {(cuuint64_t)K * sizeof(T)};
+  const cuuint32_t box[2] = {kBK, S::kBM}, unit[2] = {1, 1};
+  if (encode(&x_map, std::is_same_v<T, __nv_bfloat16> ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
+             2, const_cast<T*>(x), dims, strides, box, unit, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+             CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS)
+    return cudaErrorInvalidValue;
+  // packed as a 2-D uint8 tensor (rows ldp bytes apart: ldp % 16 == 0) read in boxes of 16 B x BN rows
+  CUtensorMap code_map;
+  const cuuint64_t cdims[2] = {(cuuint64_t)ldp, (cuuint64_t)N}, cstrides[1] = {(cuuint64_t)ldp};
+  const cuuint32_t cbox[2] = {kBK / 4, S::kBN};
+  if (encode(&code_map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, const_cast<uint8_t*>(packed), cdims, cstrides, cbox, unit,
+             CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+             CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS)
+    return cudaErrorInvalidValue;
+  const dim3 grid((N + S::kBN - 1) / S::kBN, (M + S::kBM - 1) / S::kBM);
+  static const int probe = std::getenv("TERNARY_WGMMA_PROBE") ? std::atoi(std::getenv("TERNARY_WGMMA_PROBE")) : 0;
+  kernel<<<grid, kThreads, S::kSmemBytes, stream>>>(x_map, code_map, scale, bias, y, M, N, K, ldp, lds, block_size,
+                                                     k_offset, probe);
   return cudaGetLastError();
 }
 
-// tokens a CTA (x 128 W rows): 128 or 256; 0 = auto: 256 (half the decodes per FLOP) where that
-// still gives every SM a CTA.
+// tokens x W rows a CTA: 128 x 128, 256 x 128 or 128 x 256; 0 x 0 = auto: the largest tile that
+// still gives every SM a CTA, 128 x 256 first (half the activation copies per FLOP).
 template <typename T>
 cudaError_t launch_wgmma_t(const void* x, const uint8_t* packed, const __half* scale, const void* bias, void* y,
-                           int M, int N, int K, int ldp, int lds, int block_size, int k_offset, int tokens,
+                           int M, int N, int K, int ldp, int lds, int block_size, int k_offset, int tokens, int rows,
                            cudaStream_t stream) {
   const T* xt = static_cast<const T*>(x);
   const T* bt = static_cast<const T*>(bias);
   T* yt = static_cast<T*>(y);
-  if (tokens == 0) tokens = (long)((M + 255) / 256) * ((N + kBN - 1) / kBN) >= sm_count() ? 256 : 128;
-  if (tokens == 256)  // 4 stages of 34.5 KB + 3 W tiles of 16 KB
-    return launch_wgmma_shape<T, 2, 4>(xt, packed, scale, bt, yt, M, N, K, ldp, lds, block_size, k_offset, stream);
-  if (tokens == 128)  // 6 stages of 18.5 KB + 3 W tiles of 16 KB
-    return launch_wgmma_shape<T, 1, 6>(xt, packed, scale, bt, yt, M, N, K, ldp, lds, block_size, k_offset, stream);
+  if (tokens == 0 && rows == 0) {
+    auto tiles = [&](int bm, int bn) { return (long)((M + bm - 1) / bm) * ((N + bn - 1) / bn); };
+    const long sms = sm_count();
+    tokens = tiles(128, 256) >= sms ? 128 : tiles(256, 128) >= sms ? 256 : 128;
+    rows = tiles(128, 256) >= sms ? 256 : 128;
+  }
+  if (tokens == 128 && rows == 256)  // 4 stages of 20 KB + 3 W tiles of 32 KB + 32 KB of scales
+    return launch_wgmma_shape<T, 1, 2, 4>(xt, packed, scale, bt, yt, M, N, K, ldp, lds, block_size, k_offset, stream);
+  if (tokens == 256 && rows == 128)  // 4 stages of 34 KB + 3 W tiles of 16 KB + 16 KB of scales
+    return launch_wgmma_shape<T, 2, 1, 4>(xt, packed, scale, bt, yt, M, N, K, ldp, lds, block_size, k_offset, stream);
+  if (tokens == 128 && rows == 128)  // 6 stages of 18 KB + 3 W tiles of 16 KB + 16 KB of scales
+    return launch_wgmma_shape<T, 1, 1, 6>(xt, packed, scale, bt, yt, M, N, K, ldp, lds, block_size, k_offset, stream);
   return cudaErrorInvalidValue;
 }
 
@@ -369,15 +416,15 @@ bool wgmma_supported() {
          }) == 1;
 }
 
-// tokens: per CTA (x 128 W rows), 128 or 256; 0 = auto (above).
+// tokens x rows: the CTA tile (above); 0 x 0 = auto.
 cudaError_t launch_wgmma(bool bf16, const void* x, const uint8_t* packed, const __half* scale, const void* bias,
                          void* y, int M, int N, int K, int ldp, int lds, int block_size, int k_offset, int tokens,
-                         cudaStream_t stream) {
+                         int rows, cudaStream_t stream) {
   if (!wgmma_supported()) return cudaErrorNotSupported;
   return bf16 ? launch_wgmma_t<__nv_bfloat16>(x, packed, scale, bias, y, M, N, K, ldp, lds, block_size, k_offset,
-                                              tokens, stream)
+                                              tokens, rows, stream)
               : launch_wgmma_t<__half>(x, packed, scale, bias, y, M, N, K, ldp, lds, block_size, k_offset, tokens,
-                                       stream);
+                                       rows, stream);
 }
 
 }  // namespace ternary

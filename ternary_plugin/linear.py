@@ -88,7 +88,7 @@ class TernaryLinearMethod(LinearMethodBase):
                 )
         packed = layer.packed_ternary_weight.data
         if kernel_wants_padding(packed):
-            packed = pad_packed_rows(packed)  # [N, round_up(ceil(Kp/4), 8)], zero codes
+            packed = pad_packed_rows(packed)  # [N, round_up(ceil(Kp/4), 16)], zero codes
         layer.packed_ternary_weight = torch.nn.Parameter(packed, requires_grad=False)
         layer.weight_scale = torch.nn.Parameter(layer.weight_scale.data, requires_grad=False)
         ensure_op_registered()

@@ -53,12 +53,13 @@ def _(x, packed, scale, bias, block_size, k_offset):
     return x.new_empty((x.shape[0], packed.shape[0]))
 
 
-# The small-M kernel loads 8 bytes of codes per lane: rows padded to a multiple of 8 bytes.
-PACKED_ROW_ALIGN = 8
+# The small-M kernel loads 8 bytes of codes per lane, the wgmma kernel's TMA copies need row
+# strides of a multiple of 16 bytes: rows padded to a multiple of 16 bytes.
+PACKED_ROW_ALIGN = 16
 
 
 def pad_packed_rows(packed: torch.Tensor) -> torch.Tensor:
-    """uint8 [N, P] -> [N, round_up(P, 8)], zero bytes (code 00, weight 0) appended."""
+    """uint8 [N, P] -> [N, round_up(P, 16)], zero bytes (code 00, weight 0) appended."""
     pad = -packed.shape[1] % PACKED_ROW_ALIGN
     return torch.nn.functional.pad(packed, (0, pad)).contiguous() if pad else packed
 

@@ -114,8 +114,8 @@ PATH_SHAPES = [
 # Each kernel's forced choices (rows_per_cta, k_split, k_unit[, tokens_per_cta]) for gemm_path; 0 = auto. The
 # tensor-core kernel: W rows per CTA, CTAs per tile along K (more than K's groups of 8 units is
 # capped by the launcher), weights of K per unit (mma64: 64-weight units; auto takes them at M 9-16 with K <= 1024);
-# the tiled kernel: W rows (and tokens) per CTA, 64 or 128; the wgmma kernel: tokens per CTA,
-# 128 or 256 (its W rows per CTA are 128).
+# the tiled kernel: W rows (and tokens) per CTA, 64 or 128; the wgmma kernel: W rows x tokens
+# per CTA, 128 x 128, 128 x 256 or 256 x 128.
 KERNELS = {
     "gemv": (GEMV, [(0, 0, 0)]),
     "mma": (MMA, [(0, 0, 0), (16, 0, 0), (32, 0, 0), (64, 0, 0), (0, 1, 0), (0, 2, 0), (0, 3, 0), (0, 8, 0),
@@ -123,7 +123,7 @@ KERNELS = {
     "mma64": (MMA, [(0, 0, 64), (16, 1, 64), (0, 2, 64), (0, 3, 64), (0, 8, 64)]),
     "dequant": (DEQUANT, [(0, 0, 0)]),
     "tiled": (TILED, [(0, 0, 0), (64, 0, 0), (128, 0, 0)]),
-    "wgmma": (WGMMA, [(0, 0, 0, 0), (0, 0, 0, 128), (128, 0, 0, 256)]),
+    "wgmma": (WGMMA, [(0, 0, 0, 0), (128, 0, 0, 128), (128, 0, 0, 256), (256, 0, 0, 128)]),
 }
 
 
@@ -246,15 +246,19 @@ def test_wgmma_kernel_is_deterministic_and_refuses_what_it_cannot_read():
         torch.ops.ternary_serve.gemm_path(x, packed, scale, None, 128, 32, WGMMA, 0)
     _, packed, scale, _, _, _ = _case(200, 64, 1024, 0, 128, torch.bfloat16, seed=43)
     x = torch.randn(200 * 1024 + 1, device="cuda").to(torch.bfloat16)[1:].view(200, 1024)
-    with pytest.raises(RuntimeError, match="x 16-byte aligned"):
+    with pytest.raises(RuntimeError, match="x and packed 16-byte aligned"):
         torch.ops.ternary_serve.gemm_path(x, packed, scale, None, 128, 0, WGMMA, 0)
     x = torch.randn(200, 1024, device="cuda").to(torch.bfloat16)
-    with pytest.raises(RuntimeError, match="tile is tokens_per_cta 0 \\(auto\\), 128 or 256 x rows_per_cta 0 or "
-                                           "128, got 256 x 256"):
+    with pytest.raises(RuntimeError, match="tile \\(tokens_per_cta x rows_per_cta\\) must be 0 x 0 \\(auto\\), "
+                                           "128 x 128, 256 x 128 or 128 x 256, got 256 x 256"):
         torch.ops.ternary_serve.gemm_path(x, packed, scale, None, 128, 0, WGMMA, 256, 0, 0, 256)
-    with pytest.raises(RuntimeError, match="scale 4-byte aligned"):
-        odd = torch.empty(scale.numel() + 1, dtype=torch.float16, device="cuda")[1:].view_as(scale).copy_(scale)
-        torch.ops.ternary_serve.gemm_path(x, packed, odd, None, 128, 0, WGMMA, 0)
+    with pytest.raises(RuntimeError, match="rows padded to 16 bytes \\(ldp=264\\)"):
+        torch.ops.ternary_serve.gemm_path(x, torch.nn.functional.pad(packed, (0, 8)), scale, None, 128, 0, WGMMA, 0)
+    x, packed, scale, bias, values, scale_cpu = _case(130, 64, 65 * 128, 0, 128, torch.bfloat16, seed=44)
+    with pytest.raises(RuntimeError, match="at most 64 scale blocks a row"):
+        torch.ops.ternary_serve.gemm_path(x, packed, scale, None, 128, 0, WGMMA, 0)
+    assert _rel_err(torch.ops.ternary_serve.gemm(x, packed, scale, bias, 128, 0),  # auto: dequantize + cuBLAS
+                    _reference(x, values, scale_cpu, 65 * 128, 128, 0, bias)) < TOL[torch.bfloat16]
     with pytest.raises(RuntimeError, match="tokens_per_cta is the wgmma kernel's \\(path 5\\), got 128 for path 4"):
         torch.ops.ternary_serve.gemm_path(x, packed, scale, None, 128, 0, TILED, 0, 0, 0, 128)
 
