@@ -20,8 +20,8 @@ cudaError_t launch_tiled(bool bf16, const void* x, const uint8_t* packed, const 
                          void* y, int M, int N, int K, int ldp, int lds, int block_size, int k_offset, int tile,
                          cudaStream_t stream);
 cudaError_t launch_wgmma(bool bf16, const void* x, const uint8_t* packed, const __half* scale, const void* bias,
-                         void* y, int M, int N, int K, int ldp, int lds, int block_size, int k_offset, int tokens,
-                         int rows, cudaStream_t stream);
+                         void* y, int M, int N, int K, int ldp, int lds, int block_size, int k_offset,
+                         cudaStream_t stream);
 bool wgmma_supported();
 }  // namespace ternary
 
@@ -128,11 +128,9 @@ torch::Tensor gemm_path(const torch::Tensor& x,       // [M, K] bf16/fp16
   CHECK_ARG(tokens_per_cta == 0 || path == kWgmma, "tokens_per_cta is the wgmma kernel's (path 5), got ",
             tokens_per_cta, " for path ", path);
   if (path == kWgmma) {
-    const bool tile_ok = (tokens_per_cta == 0 && rows_per_cta == 0) ||
-                         (tokens_per_cta == 128 && (rows_per_cta == 128 || rows_per_cta == 256)) ||
-                         (tokens_per_cta == 256 && rows_per_cta == 128);
-    CHECK_ARG(tile_ok, "the wgmma kernel's tile (tokens_per_cta x rows_per_cta) must be 0 x 0 (auto), 128 x 128, ",
-              "256 x 128 or 128 x 256, got ", tokens_per_cta, " x ", rows_per_cta);
+    CHECK_ARG((tokens_per_cta == 0 || tokens_per_cta == 128) && (rows_per_cta == 0 || rows_per_cta == 128),
+              "the wgmma kernel's tile (tokens_per_cta x rows_per_cta) is 128 x 128 (or 0 = auto), got ",
+              tokens_per_cta, " x ", rows_per_cta);
     CHECK_ARG(k_split == 0 && k_unit == 0, "the wgmma kernel takes no k_split or k_unit, got ", k_split, " and ",
               k_unit);
   } else if (path == kTiled) {
@@ -204,8 +202,7 @@ torch::Tensor gemm_path(const torch::Tensor& x,       // [M, K] bf16/fp16
   }
   if (path == kWgmma) {
     check_cuda_error(ternary::launch_wgmma(bf16, x.data_ptr(), packed.data_ptr<uint8_t>(), scale_ptr, bias_ptr,
-                                           y.data_ptr(), M, N, K, ldp, lds, block_size, k_offset, tokens_per_cta,
-                                           rows_per_cta, stream),
+                                           y.data_ptr(), M, N, K, ldp, lds, block_size, k_offset, stream),
                      "ternary_wgmma_kernel launch", M, N, K);
     return y;
   }

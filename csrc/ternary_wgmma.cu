@@ -8,37 +8,30 @@
 // fragment in every warp that uses it (ternary_tiled.cu); and wgmma is the instruction cuBLAS
 // reaches Hopper's rate with. No bf16 copy of W exists outside a k-step's shared-memory tile.
 //
-//   CTA tile: BM = 128 MB tokens x BN = 128 NB W rows (MB x NB <= 2: 128 x 128, 256 x 128 or
-//   128 x 256); consumer warpgroup g (threads 128g..128g+127) takes tokens 64 MB g .. 64 MB (g + 1)
-//   - 1 against all BN rows: MB x NB wgmma of m64 x n128 a k16 step, 64 MB NB fp32 accumulators a
-//   thread. The decode per FLOP falls with BM; the activation bytes copied per FLOP with BN (each
-//   activation tile is read by N / BN CTAs).
+//   CTA tile: 128 tokens x 128 W rows. Four roles, 13 warps:
+//     producer (warp 12, one thread): TMA copies of each k-step's activation tile (128 x 64,
+//       swizzled as wgmma reads it) and code tile (128 rows x 16 B) into stage k % STAGES,
+//       counted on full[s]; waits empty[s] before refilling a stage;
+//     decoders (warps 8-11): codes x block scale -> W tile [128 x 64] bf16 in W buffer k % 3,
+//       fence.proxy.async, arrive on wready[b]; wait wfree[b] before overwriting a buffer;
+//     MMA (warpgroups 0, 1: tokens 0-63, 64-127): wait full[s] and wready[b], 4 wgmma m64 x n128
+//       x k16 (A = activations, B = the W tile, both from shared memory), commit, wait for
+//       k-step k - 1's wgmma, then release its stage (empty) and W buffer (wfree).
 //
 //                    K (64 a k-step) ->
-//   x tile  [BM tok x 64] bf16  --(producer warp: cp.async)--> A (smem desc) --+
-//   codes   [128 rows x 16 B], scales [128 x 4 B] --(producer)-->              |-> wgmma m64 x n128 x k16,
-//      `-- consumers: decode x block scale --> W tile [128 x 64] bf16 -- B ---+    fp32 accumulators
+//   x tile  [128 tok x 64] bf16 --(TMA)--------------------------------- A --+
+//   codes   [128 rows x 16 B]   --(TMA)--> decoders: x scale --> W tile -- B --+-> wgmma, fp32 accumulators
+//
+// Why the decoders are warps of their own (measured on the H200, docs/kernel_notes.md v8): the
+// decode's shared-memory stores need fence.proxy.async before wgmma reads them, and that fence
+// (MEMBAR.ALL.CTA + FENCE.VIEW.ASYNC.S in SASS) waits for everything the thread has in flight,
+// its own wgmma included; with the decode in the MMA warps, decode and MMA time added up (gate_up
+// M 4096: 110 us, copy-only 47). Decoders have nothing in flight when they fence.
 //
 // Both tiles use the 128-byte swizzle of wgmma's K-major layout: a row is 64 elements (128 B),
-// 16-byte chunk c of row r sits at chunk c ^ (r & 7), atoms of 8 rows x 128 B, 1024-byte aligned.
-// So the decode's 16-byte stores (two threads a W row) and the activation copies hit 8 different
-// bank groups per 8 threads.
-//
-// Warp-specialized (as CUTLASS's sm90 cp.async + GMMA mainloops): warp 8 is the producer, the
-// only thread that copies from global memory. It fills STAGES stages (activations, codes, and the
-// 4-byte word of each row's scale) with cp.async and signals stage s's mbarrier full[s] when its
-// copies land (cp.async.mbarrier.arrive); consumers release a stage on empty[s] once their wgmma
-// has read it. Why not every thread copying its share (the first version): the decode's shared
-// stores need fence.proxy.async before wgmma reads them, and a thread's fence waited for its own
-// outstanding global copies, so every k-step paid a memory round trip (0.8-1.3 us a k-step
-// measured, 420 TFLOP/s at M 4096; the scales were also loaded from global one k-step ahead).
-//
-// One k-step kt of the consumers (256 threads):
-//   wait full[kt % STAGES]; decode its codes x scale into W buffer kt % 3; fence.proxy.async;
-//   consumer barrier (W tile complete; and every consumer is past k-step kt - 1's barrier, so
-//   past its wait for wgmma kt - 2 ... buffer (kt + 1) % 3 = (kt - 2) % 3 is free next step);
-//   issue 4 k16 steps x MB wgmma, commit; wait until k-step kt - 1's wgmma is done; release
-//   stage (kt - 1) % STAGES. The tensor cores run k-step kt - 1 while the consumers decode kt.
+// 16-byte chunk c of row r sits at chunk c ^ (r & 7), atoms of 8 rows x 128 B, 1024-byte aligned
+// (the TMA writes the activations so; the decoders' 16-byte stores follow it and hit 8 different
+// bank groups per 8 threads).
 //
 // Requires (checked by the host): an sm_90 device; K % 8 == 0, x and packed 16-byte aligned and
 // rows padded to 16 bytes (ternary_plugin.ops.pad_packed_rows): the TMA's row strides and
@@ -52,7 +45,6 @@
 #include <cuda_runtime.h>
 #include <stdint.h>
 
-#include <cstdlib>
 
 #include "ternary_common.cuh"
 #include "ternary_mma.cuh"
@@ -60,26 +52,26 @@
 namespace ternary {
 namespace {
 
-constexpr int kConsumers = 256;              // two warpgroups: decode + wgmma
-constexpr int kThreads = kConsumers + 32;      // + the producer warp
-constexpr int kBK = 64;                        // weights of K a k-step: one 128-byte swizzle row of bf16
-constexpr int kRow = kBK * 2;                  // bytes of a tile row
-constexpr int kWBufs = 3;                      // decoded W tiles in flight (see the k-step above)
-constexpr int kMaxScaleCols = 64;              // scale blocks of a row the CTA holds (K <= 8192 at 128)
+constexpr int kMmaThreads = 256;                     // warpgroups 0, 1
+constexpr int kDecoders = 128;                       // warpgroup 2
+constexpr int kThreads = kMmaThreads + kDecoders + 32;  // + the producer warp
+constexpr int kBK = 64;                              // weights of K a k-step: one 128-byte swizzle row of bf16
+constexpr int kRow = kBK * 2;                        // bytes of a tile row
+constexpr int kBM = 128, kBN = 128;                  // tokens, W rows a CTA
+constexpr int kWBufs = 3;                            // decoded W tiles
+constexpr int kMaxScaleCols = 64;                    // scale blocks of a row the CTA holds (K <= 8192 at 128)
 
-template <int MB, int NB, int STAGES>
+template <int STAGES>
 struct WgShape {
-  static_assert(MB * NB <= 2, "at most 128 fp32 accumulators a thread");
-  static constexpr int kBM = 128 * MB, kBN = 128 * NB;  // tokens, W rows a CTA
   static constexpr int kXBytes = kBM * kRow, kWBytes = kBN * kRow, kCBytes = kBN * (kBK / 4);
-  // [activation stages | W tiles | code stages | the rows' scales | mbarriers full[], empty[]];
-  // the first two 1024-byte aligned from the base
+  // [activation stages | W tiles | code stages | the rows' scales | mbarriers]; the first two
+  // 1024-byte aligned from the base. mbarriers: full[STAGES], empty[STAGES], wready[3], wfree[3].
   static constexpr int kWOff = STAGES * kXBytes, kCOff = kWOff + kWBufs * kWBytes;
   static constexpr int kSOff = kCOff + STAGES * kCBytes, kBarOff = kSOff + kBN * kMaxScaleCols * 2;
-  static constexpr int kPipeBytes = kBarOff + 2 * STAGES * 8;
+  static constexpr int kPipeBytes = kBarOff + (2 * STAGES + 2 * kWBufs) * 8;
   static constexpr int kOutLd = kBN + 8;  // output staging row, padded: conflict-free pair stores
   static constexpr int kOutBytes = kBM * kOutLd * 2;
-  static_assert(kOutBytes <= kCOff, "the output tile is staged over the activation stages and W tiles");
+  static_assert(kOutBytes <= kWOff, "the output tile is staged over the activation stages");
   static constexpr int kSmemBytes = kPipeBytes + 1024;  // + alignment
 };
 
@@ -130,14 +122,9 @@ __device__ __forceinline__ void wgmma_wait() {
 __device__ __forceinline__ void fence_async_shared() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 // Pins the accumulators in place around the asynchronous wgmma (as CUTLASS's
 // warpgroup_fence_operand): the compiler must not move or reuse them while wgmma writes them.
-template <int MB, int NB>
-__device__ __forceinline__ void fence_accumulators(float (&acc)[MB][NB][64]) {
+__device__ __forceinline__ void fence_accumulators(float (&acc)[64]) {
 #pragma unroll
-  for (int a = 0; a < MB; ++a)
-#pragma unroll
-    for (int b = 0; b < NB; ++b)
-#pragma unroll
-      for (int i = 0; i < 64; ++i) asm volatile("" : "+f"(acc[a][b][i])::"memory");
+  for (int i = 0; i < 64; ++i) asm volatile("" : "+f"(acc[i])::"memory");
 }
 
 // mbarriers (shared::cta): init, arrive, and the wait for the phase of a given parity
@@ -155,43 +142,44 @@ __device__ __forceinline__ void mbar_wait(uint32_t bar, int parity) {
       "r"(parity)
       : "memory");
 }
-// A barrier of the 256 consumer threads only (named barrier 1; 0 is __syncthreads')
-__device__ __forceinline__ void consumers_sync() { asm volatile("bar.sync 1, %0;\n" ::"n"(kConsumers) : "memory"); }
+// A barrier of the MMA warpgroups only (named barrier 1; 0 is __syncthreads')
+__device__ __forceinline__ void mma_sync() { asm volatile("bar.sync 1, %0;\n" ::"n"(kMmaThreads) : "memory"); }
 #endif
 
-template <typename T, int MB, int NB, int STAGES>
+template <typename T, int STAGES>
 __global__ void __launch_bounds__(kThreads, 1)
-ternary_wgmma_kernel(const __grid_constant__ CUtensorMap x_map,      // x [M, K]: boxes 64 x BM, 128-byte swizzle
-                     const __grid_constant__ CUtensorMap code_map,   // packed [N, ldp]: boxes 16 B x BN rows
-                     const __half* __restrict__ scale,    // [N, lds]
-                     const T* __restrict__ bias,          // [N] or nullptr
-                     T* __restrict__ y,                   // [M, N]
-                     int M, int N, int K, int ldp, int lds, int block_size, int k_offset, int probe) {
+ternary_wgmma_kernel(const __grid_constant__ CUtensorMap x_map,     // x [M, K]: boxes 64 x 128, 128-byte swizzle
+                     const __grid_constant__ CUtensorMap code_map,  // packed [N, ldp]: boxes 16 B x 128 rows
+                     const __half* __restrict__ scale,              // [N, lds]
+                     const T* __restrict__ bias,                    // [N] or nullptr
+                     T* __restrict__ y,                             // [M, N]
+                     int M, int N, int K, int lds, int block_size, int k_offset) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  using S = WgShape<MB, NB, STAGES>;
-  constexpr int kBM = S::kBM, kBN = S::kBN;
+  using S = WgShape<STAGES>;
   extern __shared__ uint8_t smem_raw[];
   const uint32_t raw_s = static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw));
   uint8_t* smem = smem_raw + ((1024 - (raw_s & 1023)) & 1023);  // swizzle atoms are 1024-byte aligned
   const uint32_t smem_s = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
   const uint32_t full_bar = smem_s + S::kBarOff, empty_bar = full_bar + 8 * STAGES;  // + 8 s: stage s's
+  const uint32_t wready_bar = empty_bar + 8 * STAGES, wfree_bar = wready_bar + 8 * kWBufs;  // + 8 b: buffer b's
   const int tid = threadIdx.x;
   const int n0 = blockIdx.x * kBN, m0 = blockIdx.y * kBM;
   const int steps = (K + kBK - 1) / kBK;
 
   if (tid == 0) {
     for (int s = 0; s < STAGES; ++s) {
-      mbar_init(full_bar + 8 * s, 1);  // the producer's arrive with the TMA's byte count
-      mbar_init(empty_bar + 8 * s, kConsumers / 32);  // lane 0 of each consumer warp
+      mbar_init(full_bar + 8 * s, 1);                        // the producer's arrive, with the TMA's bytes
+      mbar_init(empty_bar + 8 * s, (kMmaThreads + kDecoders) / 32);  // lane 0 of each MMA and decoder warp
+    }
+    for (int b = 0; b < kWBufs; ++b) {
+      mbar_init(wready_bar + 8 * b, kDecoders);      // every decoder thread, after its fence
+      mbar_init(wfree_bar + 8 * b, kMmaThreads / 32);  // lane 0 of each MMA warp, its wgmma done
     }
   }
-  __syncthreads();  // the last CTA-wide barrier: the producer warp leaves after its loop
+  __syncthreads();  // the last CTA-wide barrier: the roles part here
 
-  if (tid >= kConsumers) {
-    // The producer warp: one lane has the TMA copy each k-step's activation tile (BM x 64,
-    // swizzled as wgmma reads it) and code tile (128 rows x 16 B), zeros past M, K, N and ldp,
-    // and counts their bytes on full[s].
-    if (tid == kConsumers) {
+  if (tid >= kMmaThreads + kDecoders) {  // the producer warp
+    if (tid == kMmaThreads + kDecoders) {
       for (int kt = 0; kt < steps; ++kt) {
         const int s = kt % STAGES;
         mbar_wait(empty_bar + 8 * s, ((kt / STAGES) & 1) ^ 1);  // round 0 passes at once
@@ -213,108 +201,97 @@ ternary_wgmma_kernel(const __grid_constant__ CUtensorMap x_map,      // x [M, K]
     return;
   }
 
-  // Consumers. Decode: W row drow of the tile, 16 / (2 / NB) code bytes of it a thread (NB = 2:
-  // the row's 16; NB = 1: half dpart, 8 bytes).
-  constexpr int kPerRow = 2 / NB, kWords = 2 * NB;  // threads a row; 32-bit code words a thread
-  const int wg = tid / 128;
-  const int drow = tid / kPerRow, dpart = tid % kPerRow;
-  // The row's scale blocks, into shared memory once (the threads of a row take alternate columns;
-  // rows past N read row N - 1: never stored). The host checks they fit kMaxScaleCols.
-  const int col0 = k_offset / block_size, cols = (k_offset + K - 1) / block_size - col0 + 1;
-  unsigned short* srow = reinterpret_cast<unsigned short*>(smem + S::kSOff) + drow * kMaxScaleCols;
-  const unsigned short* sg = reinterpret_cast<const unsigned short*>(scale) + (size_t)min(n0 + drow, N - 1) * lds + col0;
-  for (int c = dpart; c < cols; c += kPerRow) srow[c] = __ldg(sg + c);
-  consumers_sync();
-  auto decode = [&](int stage, int buf, int kt) {
-    const uint8_t* cs = smem + S::kCOff + stage * S::kCBytes + drow * (kBK / 4) + dpart * 8;
-    uint32_t words[kWords];
-    if constexpr (NB == 2) {
-      const uint4 v = *reinterpret_cast<const uint4*>(cs);
-      words[0] = v.x, words[1] = v.y, words[2] = v.z, words[3] = v.w;
-    } else {
-      const uint2 v = *reinterpret_cast<const uint2*>(cs);
-      words[0] = v.x, words[1] = v.y;
+  if (tid >= kMmaThreads) {
+    // Decoders: thread d owns W row d of the tile (16 code bytes, 64 weights a k-step). Its scale
+    // blocks go to shared memory once (rows past N read row N - 1: never stored); the host checks
+    // they fit kMaxScaleCols.
+    const int drow = tid - kMmaThreads;
+    const int col0 = k_offset / block_size, cols = (k_offset + K - 1) / block_size - col0 + 1;
+    unsigned short* srow = reinterpret_cast<unsigned short*>(smem + S::kSOff) + drow * kMaxScaleCols;
+    const unsigned short* sg = reinterpret_cast<const unsigned short*>(scale) + (size_t)min(n0 + drow, N - 1) * lds + col0;
+    for (int c0 = 0; c0 < cols; c0 += 16) {  // 16 loads in flight, then their stores
+      unsigned short v[16];
+#pragma unroll
+      for (int i = 0; i < 16; ++i) v[i] = c0 + i < cols ? __ldg(sg + c0 + i) : 0;
+#pragma unroll
+      for (int i = 0; i < 16; ++i)
+        if (c0 + i < cols) srow[c0 + i] = v[i];
     }
-    const uint32_t s2 = scale_pair<T>(srow[(kt * kBK + k_offset) / block_size - col0]);
-    uint8_t* ws = smem + S::kWOff + buf * S::kWBytes;
+    for (int kt = 0; kt < steps; ++kt) {
+      const int s = kt % STAGES, b = kt % kWBufs;
+      mbar_wait(wfree_bar + 8 * b, ((kt / kWBufs) & 1) ^ 1);  // round 0 passes at once
+      mbar_wait(full_bar + 8 * s, (kt / STAGES) & 1);
+      const uint4 v = *reinterpret_cast<const uint4*>(smem + S::kCOff + s * S::kCBytes + drow * (kBK / 4));
+      __syncwarp();
+      if (tid % 32 == 0) mbar_arrive(empty_bar + 8 * s);  // this warp is done with the stage's codes
+      const uint32_t words[4] = {v.x, v.y, v.z, v.w};
+      const uint32_t s2 = scale_pair<T>(srow[(kt * kBK + k_offset) / block_size - col0]);
+      uint8_t* ws = smem + S::kWOff + b * S::kWBytes;
 #pragma unroll
-    for (int w = 0; w < kWords; ++w) {  // weights 16w .. 16w + 15 of the thread's part: chunks 4 dpart + 2w, + 1
-      uint32_t p[8];
+      for (int w = 0; w < 4; ++w) {  // weights 16w .. 16w + 15: chunks 2w, 2w + 1
+        uint32_t p[8];
 #pragma unroll
-      for (int b = 0; b < 4; ++b) {
-        decode_byte<T>(words[w], b, p[2 * b], p[2 * b + 1]);
-        p[2 * b] = mul2<T>(p[2 * b], s2);
-        p[2 * b + 1] = mul2<T>(p[2 * b + 1], s2);
+        for (int q = 0; q < 4; ++q) {
+          decode_byte<T>(words[w], q, p[2 * q], p[2 * q + 1]);
+          p[2 * q] = mul2<T>(p[2 * q], s2);
+          p[2 * q + 1] = mul2<T>(p[2 * q + 1], s2);
+        }
+        *reinterpret_cast<uint4*>(ws + sw128(drow, 2 * w)) = make_uint4(p[0], p[1], p[2], p[3]);
+        *reinterpret_cast<uint4*>(ws + sw128(drow, 2 * w + 1)) = make_uint4(p[4], p[5], p[6], p[7]);
       }
-      const int c = 4 * dpart + 2 * w;
-      *reinterpret_cast<uint4*>(ws + sw128(drow, c)) = make_uint4(p[0], p[1], p[2], p[3]);
-      *reinterpret_cast<uint4*>(ws + sw128(drow, c + 1)) = make_uint4(p[4], p[5], p[6], p[7]);
+      fence_async_shared();
+      mbar_arrive(wready_bar + 8 * b);
     }
-  };
+    return;
+  }
 
-  float acc[MB][NB][64];
+  // MMA warpgroups: wg takes tokens 64 wg .. 64 wg + 63 of the tile.
+  const int wg = tid / 128;
+  float acc[64];
 #pragma unroll
-  for (int a = 0; a < MB; ++a)
-#pragma unroll
-    for (int b = 0; b < NB; ++b)
-#pragma unroll
-      for (int i = 0; i < 64; ++i) acc[a][b][i] = 0.f;
-
+  for (int i = 0; i < 64; ++i) acc[i] = 0.f;
   for (int kt = 0; kt < steps; ++kt) {
-    const int s = kt % STAGES, buf = kt % kWBufs;
+    const int s = kt % STAGES, b = kt % kWBufs;
     mbar_wait(full_bar + 8 * s, (kt / STAGES) & 1);
-    if (!(probe & 1)) decode(s, buf, kt);
-    if (!(probe & 4)) fence_async_shared();
-    if (!(probe & 8)) consumers_sync();  // the W tile of k-step kt is complete and visible to wgmma
-
+    mbar_wait(wready_bar + 8 * b, (kt / kWBufs) & 1);
     fence_accumulators(acc);
-    if (!(probe & 2)) {
     wgmma_arrive();
-    const uint32_t xa = smem_s + s * S::kXBytes + wg * 64 * MB * kRow;
-    const uint32_t wb = smem_s + S::kWOff + buf * S::kWBytes;
+    const uint32_t xa = smem_s + s * S::kXBytes + wg * 64 * kRow;
+    const uint32_t wb = smem_s + S::kWOff + b * S::kWBytes;
 #pragma unroll
-    for (int k16 = 0; k16 < kBK / 16; ++k16)
-#pragma unroll
-      for (int a = 0; a < MB; ++a)
-#pragma unroll
-        for (int b = 0; b < NB; ++b)
-          wgmma_n128<T>(acc[a][b], sw128_desc(xa + a * 64 * kRow + 32 * k16),
-                        sw128_desc(wb + b * 128 * kRow + 32 * k16));
+    for (int k16 = 0; k16 < kBK / 16; ++k16) wgmma_n128<T>(acc, sw128_desc(xa + 32 * k16), sw128_desc(wb + 32 * k16));
     wgmma_commit();
-    }
-    wgmma_wait<1>();  // k-step kt - 1's wgmma is done: its stage goes back to the producer
+    wgmma_wait<1>();  // k-step kt - 1's wgmma is done: its stage and W buffer go back
     fence_accumulators(acc);
-    if (kt > 0 && tid % 32 == 0) mbar_arrive(empty_bar + 8 * ((kt - 1) % STAGES));
+    if (kt > 0 && tid % 32 == 0) {
+      mbar_arrive(empty_bar + 8 * ((kt - 1) % STAGES));
+      mbar_arrive(wfree_bar + 8 * ((kt - 1) % kWBufs));
+    }
   }
   wgmma_wait<0>();
   fence_accumulators(acc);
-  consumers_sync();  // every wgmma done: the activation stages are free for the output tile
+  mma_sync();  // every wgmma done and every stage landed: the activation stages hold the output tile
 
   // The output tile in shared memory as [token][W row] (bias added, rounded once) ...
   T* out = reinterpret_cast<T*>(smem);
   const int warp = (tid % 128) / 32, lane = tid % 32;
-  const int trow = wg * 64 * MB + warp * 16 + lane / 4;
+  const int trow = wg * 64 + warp * 16 + lane / 4;
   using T2 = typename MmaTraits<T>::T2;
 #pragma unroll
-  for (int b = 0; b < NB; ++b)
+  for (int j = 0; j < 16; ++j) {
+    const int col = 8 * j + 2 * (lane % 4), n = n0 + col;
+    const float b0 = (bias != nullptr && n < N) ? Vec<T>::to_float(bias[n]) : 0.f;
+    const float b1 = (bias != nullptr && n + 1 < N) ? Vec<T>::to_float(bias[n + 1]) : 0.f;
 #pragma unroll
-    for (int j = 0; j < 16; ++j) {
-      const int col = 128 * b + 8 * j + 2 * (lane % 4), n = n0 + col;
-      const float b0 = (bias != nullptr && n < N) ? Vec<T>::to_float(bias[n]) : 0.f;
-      const float b1 = (bias != nullptr && n + 1 < N) ? Vec<T>::to_float(bias[n + 1]) : 0.f;
-#pragma unroll
-      for (int a = 0; a < MB; ++a)
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const T2 v{Vec<T>::from_float(acc[a][b][4 * j + 2 * h] + b0),
-                     Vec<T>::from_float(acc[a][b][4 * j + 2 * h + 1] + b1)};
-          *reinterpret_cast<T2*>(out + (trow + 64 * a + 8 * h) * S::kOutLd + col) = v;
-        }
+    for (int h = 0; h < 2; ++h) {
+      const T2 v{Vec<T>::from_float(acc[4 * j + 2 * h] + b0), Vec<T>::from_float(acc[4 * j + 2 * h + 1] + b1)};
+      *reinterpret_cast<T2*>(out + (trow + 8 * h) * S::kOutLd + col) = v;
     }
-  consumers_sync();
+  }
+  mma_sync();
   // ... then written a token row at a time, 16 bytes per store where N allows
   const bool vec = N % 8 == 0;
-  for (int i = tid; i < kBM * (kBN / 8); i += kConsumers) {
+  for (int i = tid; i < kBM * (kBN / 8); i += kMmaThreads) {
     const int tok = i / (kBN / 8), c = i % (kBN / 8), m = m0 + tok, n = n0 + 8 * c;
     if (m >= M || n >= N) continue;
     const T* src = out + tok * S::kOutLd + 8 * c;
@@ -341,11 +318,11 @@ PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
   return fn;
 }
 
-template <typename T, int MB, int NB, int STAGES>
-cudaError_t launch_wgmma_shape(const T* x, const uint8_t* packed, const __half* scale, const T* bias, T* y, int M,
-                               int N, int K, int ldp, int lds, int block_size, int k_offset, cudaStream_t stream) {
-  using S = WgShape<MB, NB, STAGES>;
-  auto kernel = ternary_wgmma_kernel<T, MB, NB, STAGES>;
+template <typename T, int STAGES>
+cudaError_t launch_wgmma_t(const void* x, const uint8_t* packed, const __half* scale, const void* bias, void* y,
+                           int M, int N, int K, int ldp, int lds, int block_size, int k_offset, cudaStream_t stream) {
+  using S = WgShape<STAGES>;
+  auto kernel = ternary_wgmma_kernel<T, STAGES>;
   static int smem_set[kMaxDevices] = {};  // > 48 KB of dynamic shared memory: per function and device
   cudaError_t err = cudaSuccess;
   if (per_device(smem_set, [&](int) {
@@ -353,54 +330,28 @@ cudaError_t launch_wgmma_shape(const T* x, const uint8_t* packed, const __half* 
         return err == cudaSuccess ? 1 : 0;
       }) != 1)
     return err != cudaSuccess ? err : cudaErrorInvalidDevice;
-  // x as a 2-D tensor (K innermost, rows K * 2 bytes apart: K % 8 == 0 keeps them 16-byte aligned)
-  // read in boxes of 64 x BM; the TMA writes zeros past M and K.
   const auto encode = tensor_map_encoder();
   if (encode == nullptr) return cudaErrorNotSupported;
-  CUtensorMap x_map;
+  // x as a 2-D tensor (K innermost, rows K * 2 bytes apart: K % 8 == 0 keeps them 16-byte aligned)
+  // read in boxes of 64 x 128; the TMA writes zeros past M and K.
+  CUtensorMap x_map, code_map;
   const cuuint64_t dims[2] = {(cuuint64_t)K, (cuuint64_t)M}, strides[1] = {(cuuint64_t)K * sizeof(T)};
-  const cuuint32_t box[2] = {kBK, S::kBM}, unit[2] = {1, 1};
+  const cuuint32_t box[2] = {kBK, kBM}, unit[2] = {1, 1};
   if (encode(&x_map, std::is_same_v<T, __nv_bfloat16> ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
-             2, const_cast<T*>(x), dims, strides, box, unit, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+             2, const_cast<void*>(x), dims, strides, box, unit, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
              CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS)
     return cudaErrorInvalidValue;
-  // packed as a 2-D uint8 tensor (rows ldp bytes apart: ldp % 16 == 0) read in boxes of 16 B x BN rows
-  CUtensorMap code_map;
+  // packed as a 2-D uint8 tensor (rows ldp bytes apart: ldp % 16 == 0) read in boxes of 16 B x 128 rows
   const cuuint64_t cdims[2] = {(cuuint64_t)ldp, (cuuint64_t)N}, cstrides[1] = {(cuuint64_t)ldp};
-  const cuuint32_t cbox[2] = {kBK / 4, S::kBN};
+  const cuuint32_t cbox[2] = {kBK / 4, kBN};
   if (encode(&code_map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, const_cast<uint8_t*>(packed), cdims, cstrides, cbox, unit,
              CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
              CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS)
     return cudaErrorInvalidValue;
-  const dim3 grid((N + S::kBN - 1) / S::kBN, (M + S::kBM - 1) / S::kBM);
-  static const int probe = std::getenv("TERNARY_WGMMA_PROBE") ? std::atoi(std::getenv("TERNARY_WGMMA_PROBE")) : 0;
-  kernel<<<grid, kThreads, S::kSmemBytes, stream>>>(x_map, code_map, scale, bias, y, M, N, K, ldp, lds, block_size,
-                                                     k_offset, probe);
+  const dim3 grid((N + kBN - 1) / kBN, (M + kBM - 1) / kBM);
+  kernel<<<grid, kThreads, S::kSmemBytes, stream>>>(x_map, code_map, scale, static_cast<const T*>(bias),
+                                                     static_cast<T*>(y), M, N, K, lds, block_size, k_offset);
   return cudaGetLastError();
-}
-
-// tokens x W rows a CTA: 128 x 128, 256 x 128 or 128 x 256; 0 x 0 = auto: the largest tile that
-// still gives every SM a CTA, 128 x 256 first (half the activation copies per FLOP).
-template <typename T>
-cudaError_t launch_wgmma_t(const void* x, const uint8_t* packed, const __half* scale, const void* bias, void* y,
-                           int M, int N, int K, int ldp, int lds, int block_size, int k_offset, int tokens, int rows,
-                           cudaStream_t stream) {
-  const T* xt = static_cast<const T*>(x);
-  const T* bt = static_cast<const T*>(bias);
-  T* yt = static_cast<T*>(y);
-  if (tokens == 0 && rows == 0) {
-    auto tiles = [&](int bm, int bn) { return (long)((M + bm - 1) / bm) * ((N + bn - 1) / bn); };
-    const long sms = sm_count();
-    tokens = tiles(128, 256) >= sms ? 128 : tiles(256, 128) >= sms ? 256 : 128;
-    rows = tiles(128, 256) >= sms ? 256 : 128;
-  }
-  if (tokens == 128 && rows == 256)  // 4 stages of 20 KB + 3 W tiles of 32 KB + 32 KB of scales
-    return launch_wgmma_shape<T, 1, 2, 4>(xt, packed, scale, bt, yt, M, N, K, ldp, lds, block_size, k_offset, stream);
-  if (tokens == 256 && rows == 128)  // 4 stages of 34 KB + 3 W tiles of 16 KB + 16 KB of scales
-    return launch_wgmma_shape<T, 2, 1, 4>(xt, packed, scale, bt, yt, M, N, K, ldp, lds, block_size, k_offset, stream);
-  if (tokens == 128 && rows == 128)  // 6 stages of 18 KB + 3 W tiles of 16 KB + 16 KB of scales
-    return launch_wgmma_shape<T, 1, 1, 6>(xt, packed, scale, bt, yt, M, N, K, ldp, lds, block_size, k_offset, stream);
-  return cudaErrorInvalidValue;
 }
 
 }  // namespace
@@ -416,15 +367,14 @@ bool wgmma_supported() {
          }) == 1;
 }
 
-// tokens x rows: the CTA tile (above); 0 x 0 = auto.
+// One tile, 128 tokens x 128 W rows: 6 stages of 18 KB, 3 W tiles of 16 KB, 16 KB of scales.
 cudaError_t launch_wgmma(bool bf16, const void* x, const uint8_t* packed, const __half* scale, const void* bias,
-                         void* y, int M, int N, int K, int ldp, int lds, int block_size, int k_offset, int tokens,
-                         int rows, cudaStream_t stream) {
+                         void* y, int M, int N, int K, int ldp, int lds, int block_size, int k_offset,
+                         cudaStream_t stream) {
   if (!wgmma_supported()) return cudaErrorNotSupported;
-  return bf16 ? launch_wgmma_t<__nv_bfloat16>(x, packed, scale, bias, y, M, N, K, ldp, lds, block_size, k_offset,
-                                              tokens, rows, stream)
-              : launch_wgmma_t<__half>(x, packed, scale, bias, y, M, N, K, ldp, lds, block_size, k_offset, tokens,
-                                       rows, stream);
+  return bf16 ? launch_wgmma_t<__nv_bfloat16, 6>(x, packed, scale, bias, y, M, N, K, ldp, lds, block_size, k_offset,
+                                                 stream)
+              : launch_wgmma_t<__half, 6>(x, packed, scale, bias, y, M, N, K, ldp, lds, block_size, k_offset, stream);
 }
 
 }  // namespace ternary

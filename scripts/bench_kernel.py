@@ -176,7 +176,7 @@ def bench_shape(name, k, n, m, l2_bytes, replays, bs=128):
 
 
 # the wgmma kernel's CTA tiles, tokens x W rows
-WGMMA_TILES = ((128, 128), (256, 128), (128, 256))
+WGMMA_TILES = ((128, 128),)
 
 
 def _by_table(rows: list, key: str, cols: tuple, title: str) -> list:

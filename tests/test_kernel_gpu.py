@@ -115,7 +115,7 @@ PATH_SHAPES = [
 # tensor-core kernel: W rows per CTA, CTAs per tile along K (more than K's groups of 8 units is
 # capped by the launcher), weights of K per unit (mma64: 64-weight units; auto takes them at M 9-16 with K <= 1024);
 # the tiled kernel: W rows (and tokens) per CTA, 64 or 128; the wgmma kernel: W rows x tokens
-# per CTA, 128 x 128, 128 x 256 or 256 x 128.
+# per CTA, 128 x 128 (its one tile).
 KERNELS = {
     "gemv": (GEMV, [(0, 0, 0)]),
     "mma": (MMA, [(0, 0, 0), (16, 0, 0), (32, 0, 0), (64, 0, 0), (0, 1, 0), (0, 2, 0), (0, 3, 0), (0, 8, 0),
@@ -123,7 +123,7 @@ KERNELS = {
     "mma64": (MMA, [(0, 0, 64), (16, 1, 64), (0, 2, 64), (0, 3, 64), (0, 8, 64)]),
     "dequant": (DEQUANT, [(0, 0, 0)]),
     "tiled": (TILED, [(0, 0, 0), (64, 0, 0), (128, 0, 0)]),
-    "wgmma": (WGMMA, [(0, 0, 0, 0), (128, 0, 0, 128), (128, 0, 0, 256), (256, 0, 0, 128)]),
+    "wgmma": (WGMMA, [(0, 0, 0, 0), (128, 0, 0, 128)]),
 }
 
 
@@ -249,8 +249,8 @@ def test_wgmma_kernel_is_deterministic_and_refuses_what_it_cannot_read():
     with pytest.raises(RuntimeError, match="x and packed 16-byte aligned"):
         torch.ops.ternary_serve.gemm_path(x, packed, scale, None, 128, 0, WGMMA, 0)
     x = torch.randn(200, 1024, device="cuda").to(torch.bfloat16)
-    with pytest.raises(RuntimeError, match="tile \\(tokens_per_cta x rows_per_cta\\) must be 0 x 0 \\(auto\\), "
-                                           "128 x 128, 256 x 128 or 128 x 256, got 256 x 256"):
+    with pytest.raises(RuntimeError, match="tile \\(tokens_per_cta x rows_per_cta\\) is 128 x 128 \\(or 0 = "
+                                           "auto\\), got 256 x 256"):
         torch.ops.ternary_serve.gemm_path(x, packed, scale, None, 128, 0, WGMMA, 256, 0, 0, 256)
     with pytest.raises(RuntimeError, match="rows padded to 16 bytes \\(ldp=264\\)"):
         torch.ops.ternary_serve.gemm_path(x, torch.nn.functional.pad(packed, (0, 8)), scale, None, 128, 0, WGMMA, 0)
