@@ -146,8 +146,8 @@ def bench_shape(name, k, n, m, l2_bytes, replays, bs=128):
                           else (None, None))
     # the tiled tensor-core kernel (M >= 64; see the op's dispatch rule): auto tile and each tile
     tiled, tiled_error = checked_times((4, 0), {str(t): (4, t) for t in (0, 64, 128)}) if m >= 64 else (None, None)
-    # the wgmma kernel (sm_90 only; M >= 64): auto tile and each tokens x W-rows tile
-    wgmma, wgmma_error = (checked_times((5, 0), {"0": (5, 0), **{f"{t}x{r}": (5, r, 0, 0, t) for t, r in WGMMA_TILES}})
+    # the wgmma kernel (sm_90 only; M >= 64; one tile, 128 x 128; not dispatched by default)
+    wgmma, wgmma_error = (checked_times((5, 0), {"0": (5, 0)})
                           if m >= 64 and torch.cuda.get_device_capability() == (9, 0) else (None, None))
     # the large-M path's first half alone: how much of the gap to cuBLAS the dequantize is
     t_deq_only = time_graph([lambda i=i: torch.ops.ternary_serve.dequantize(packs[i], scales[i], k, bs, 0,
@@ -175,10 +175,6 @@ def bench_shape(name, k, n, m, l2_bytes, replays, bs=128):
     return row
 
 
-# the wgmma kernel's CTA tiles, tokens x W rows
-WGMMA_TILES = ((128, 128),)
-
-
 def _by_table(rows: list, key: str, cols: tuple, title: str) -> list:
     """One table of a row field that maps a tile choice to its time (rows without it left out)."""
     rows = [r for r in rows if r.get(key)]
@@ -195,14 +191,14 @@ def _kernel_table(rows: list, kernel: str, tiles: tuple, headers: tuple, title: 
     timed = [r for r in rows if r.get(f"{kernel}_us")]
     if not timed:
         return []
-    lines = ["", title, "", f"| shape | M | {kernel} us | " + " | ".join(headers) + " | op us | dequant+mm us | "
-             f"cuBLAS bf16 us | dequant+mm / {kernel} | cuBLAS / {kernel} | {kernel} TFLOP/s |",
+    lines = ["", title, "", f"| shape | M | {kernel} us | " + "".join(f"{h} | " for h in headers) + "op us | "
+             f"dequant+mm us | cuBLAS bf16 us | dequant+mm / {kernel} | cuBLAS / {kernel} | {kernel} TFLOP/s |",
              "|---|---|---|" + "---|" * len(tiles) + "---|---|---|---|---|---|"]
     for r in timed:
         t, by = r[f"{kernel}_us"], r[f"{kernel}_us_by_tile"]
         tflops = 2 * r["M"] * r["N"] * r["K"] / (t * 1e-6) / 1e12
-        lines.append(f"| {r['shape']} | {r['M']} | {t} | " + " | ".join(str(by[c]) for c in tiles) +
-                     f" | {r['ternary_us']} | {r['dequant_us']} | {r['cublas_bf16_us']} | {r['dequant_us'] / t:.3f}x | "
+        lines.append(f"| {r['shape']} | {r['M']} | {t} | " + "".join(f"{by[c]} | " for c in tiles) +
+                     f"{r['ternary_us']} | {r['dequant_us']} | {r['cublas_bf16_us']} | {r['dequant_us'] / t:.3f}x | "
                      f"{r['cublas_bf16_us'] / t:.3f}x | {tflops:.1f} |")
     wins = [r for r in timed if r[f"{kernel}_us"] < r["dequant_us"]]
     return lines + ["", (f"{label} faster than dequantize + cuBLAS in {len(wins)} of {len(timed)} rows: "
@@ -242,10 +238,10 @@ def markdown(result: dict) -> str:
     lines += _kernel_table(result["rows"], "tiled", ("64", "128"), ("64-row tile", "128-row tile"),
                            "Tiled tensor-core kernel, M >= 64 (us; auto = its tile rule; the op dispatches it at "
                            "M <= 64 where N >= 1536; `ternary us` above is the op as dispatched):", "Tiled kernel")
-    lines += _kernel_table(result["rows"], "wgmma", tuple(f"{t}x{r}" for t, r in WGMMA_TILES),
-                           tuple(f"{t} tok x {r} rows" for t, r in WGMMA_TILES),
-                           "wgmma kernel (sm_90a), M >= 64 (us; auto = its tile rule, tokens x W rows per CTA; "
-                           "`ternary us` above is the op as dispatched):", "wgmma kernel")
+    lines += _kernel_table(result["rows"], "wgmma", (), (),
+                           "wgmma kernel (sm_90a; 128 tokens x 128 W rows per CTA; not dispatched by default: "
+                           "TERNARY_WGMMA_MIN_M), M >= 64 (us; `ternary us` above is the op as dispatched):",
+                           "wgmma kernel")
     wrong = [f"64-weight units WRONG at {r['shape']} M={r['M']}: {r['mma64_error']}" for r in result["rows"]
              if r.get("mma64_error")]
     wrong += [f"{kernel} kernel WRONG at {r['shape']} M={r['M']}: {r[kernel + '_error']}" for kernel in ("tiled", "wgmma")
