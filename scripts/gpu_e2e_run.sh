@@ -28,6 +28,10 @@
 # profile_tiled 187 s; prepare serve_tp1_ternary 335 s (reconcile 13 s); serve_tp1_bf16 255 s;
 # offline 178 s, again 107 s; then three cold kernel-only calls (`setup kernel`, carry .whl alone,
 # no payload): 151, 137, 134 s of wall time, ~185-200 s of device time each with the start.
+# Seventh session (nvidia-h200, kernel work only, carry .whl alone, every call cold): `setup
+# wgmma profile_wgmma` 133 and 116 s of wall time (~160 s of device time each), setup + tests +
+# a probe script 73-116 s (~130-160 s each), `setup kernel` 154 s (~215 s); a probe that
+# deadlocked ran into its 300 s limit (~360 s). 1700 of 1800 s in all.
 #
 # Everything a stage measures lands in $OUT (at most 8 files come back: JSON results, a log
 # tarball); scripts/bench_e2e.py report merges them here afterwards. The parts of earlier GPU
