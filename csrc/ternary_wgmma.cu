@@ -22,11 +22,13 @@
 //   x tile  [128 tok x 64] bf16 --(TMA)--------------------------------- A --+
 //   codes   [128 rows x 16 B]   --(TMA)--> decoders: x scale --> W tile -- B --+-> wgmma, fp32 accumulators
 //
-// Why the decoders are warps of their own (measured on the H200, docs/kernel_notes.md v8): the
-// decode's shared-memory stores need fence.proxy.async before wgmma reads them, and that fence
-// (MEMBAR.ALL.CTA + FENCE.VIEW.ASYNC.S in SASS) waits for everything the thread has in flight,
-// its own wgmma included; with the decode in the MMA warps, decode and MMA time added up (gate_up
-// M 4096: 110 us, copy-only 47). Decoders have nothing in flight when they fence.
+// Why the decoders are warps of their own: with the decode in the MMA warps (v1-v3), decode, copy
+// and MMA time added up (gate_up M 4096: 110 us; 47 us with neither decode nor wgmma), and the
+// decode's fence.proxy.async (MEMBAR.ALL.CTA + FENCE.VIEW.ASYNC.S in SASS) was the suspect: it
+// orders everything its thread has in flight. Here no fencing thread has a wgmma in flight. It did
+// not help: every version takes ~0.75 us a k-step against ~0.28 us of tensor-core work, a latency
+// chain whose cause is not found yet (docs/kernel_notes.md, v8), so the op does not dispatch this
+// kernel by default (TERNARY_WGMMA_MIN_M).
 //
 // Both tiles use the 128-byte swizzle of wgmma's K-major layout: a row is 64 elements (128 B),
 // 16-byte chunk c of row r sits at chunk c ^ (r & 7), atoms of 8 rows x 128 B, 1024-byte aligned
@@ -44,7 +46,6 @@
 #include <cudaTypedefs.h>
 #include <cuda_runtime.h>
 #include <stdint.h>
-
 
 #include "ternary_common.cuh"
 #include "ternary_mma.cuh"
