@@ -68,6 +68,19 @@ inline int per_device(int (&cache)[kMaxDevices], Fetch fetch) {
   return cache[dev];
 }
 
+// More than 48 KB of dynamic shared memory is an opt-in, per kernel function and device: asked
+// once per device (the caller's static cache, one per function).
+template <typename Kernel>
+inline cudaError_t opt_in_shared_memory(Kernel kernel, int bytes, int (&cache)[kMaxDevices]) {
+  cudaError_t err = cudaSuccess;
+  if (per_device(cache, [&](int) {
+        err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+        return err == cudaSuccess ? 1 : 0;
+      }) != 1)
+    return err != cudaSuccess ? err : cudaErrorInvalidDevice;
+  return cudaSuccess;
+}
+
 // The current device's SM count (0 if it cannot be asked); one cache for every kernel file.
 inline int sm_count() {
   static int cached[kMaxDevices] = {};

@@ -97,6 +97,26 @@ __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
 
+// An output tile staged in shared memory ([rows][ld] in T: token m0 + r, W row n0 + c) written to
+// y [M, N] a token row at a time, 16 bytes per store where N allows, by threads tid, tid +
+// threads, ... (the tiled and wgmma kernels' epilogue)
+template <typename T, int kRows, int kCols>
+__device__ __forceinline__ void store_tile(const T* out, int ld, T* __restrict__ y, int M, int N, int m0, int n0,
+                                           int tid, int threads) {
+  const bool vec = N % 8 == 0;
+  for (int i = tid; i < kRows * (kCols / 8); i += threads) {
+    const int tok = i / (kCols / 8), c = i % (kCols / 8), m = m0 + tok, n = n0 + 8 * c;
+    if (m >= M || n >= N) continue;
+    const T* src = out + tok * ld + 8 * c;
+    T* dst = y + (size_t)m * N + n;
+    if (vec) {
+      *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(src);
+    } else {
+      for (int e = 0; e < 8 && n + e < N; ++e) dst[e] = src[e];
+    }
+  }
+}
+
 // R x NT accumulator tiles of an m16n8 C fragment (4 floats a thread), zeroed
 template <int R, int NT>
 __device__ __forceinline__ void zero_tiles(float (&c)[R][NT][4]) {

@@ -251,19 +251,8 @@ ternary_tiled_kernel(const T* __restrict__ x,            // [M, K], K % 8 == 0, 
       }
   }
   __syncthreads();
-  // ... then written a token row at a time, 16 bytes per store where N allows
-  const bool vec = N % 8 == 0;
-  for (int i = threadIdx.x; i < S::BT * (S::BW / 8); i += kTiledWarps * 32) {
-    const int tok = i / (S::BW / 8), c = i % (S::BW / 8), m = m0 + tok, n = n0 + 8 * c;
-    if (m >= M || n >= N) continue;
-    const T* src = out + tok * S::kOutLd + 8 * c;
-    T* dst = y + (size_t)m * N + n;
-    if (vec) {
-      *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(src);
-    } else {
-      for (int e = 0; e < 8 && n + e < N; ++e) dst[e] = src[e];
-    }
-  }
+  // ... then written a token row at a time
+  store_tile<T, S::BT, S::BW>(out, S::kOutLd, y, M, N, m0, n0, threadIdx.x, kTiledWarps * 32);
 }
 
 template <typename T, int WW, int WT, int WK, int R, int NT, int STAGES>
@@ -271,14 +260,8 @@ cudaError_t launch_shape(const T* x, const uint8_t* packed, const __half* scale,
                          int K, int ldp, int lds, int block_size, int k_offset, cudaStream_t stream) {
   using S = TiledShape<WW, WT, WK, R, NT, STAGES>;
   auto kernel = ternary_tiled_kernel<T, WW, WT, WK, R, NT, STAGES>;
-  // more than 48 KB of dynamic shared memory is an opt-in, per function and device
   static int smem_set[kMaxDevices] = {};
-  cudaError_t err = cudaSuccess;
-  if (per_device(smem_set, [&](int) {
-        err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, S::kSmemBytes);
-        return err == cudaSuccess ? 1 : 0;
-      }) != 1)
-    return err != cudaSuccess ? err : cudaErrorInvalidDevice;
+  if (const cudaError_t err = opt_in_shared_memory(kernel, S::kSmemBytes, smem_set); err != cudaSuccess) return err;
   const dim3 grid((N + S::BW - 1) / S::BW, (M + S::BT - 1) / S::BT);
   kernel<<<grid, kTiledWarps * 32, S::kSmemBytes, stream>>>(x, packed, scale, bias, y, M, N, K, ldp, lds, block_size,
                                                              k_offset);

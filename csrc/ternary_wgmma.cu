@@ -290,19 +290,8 @@ ternary_wgmma_kernel(const __grid_constant__ CUtensorMap x_map,     // x [M, K]:
     }
   }
   mma_sync();
-  // ... then written a token row at a time, 16 bytes per store where N allows
-  const bool vec = N % 8 == 0;
-  for (int i = tid; i < kBM * (kBN / 8); i += kMmaThreads) {
-    const int tok = i / (kBN / 8), c = i % (kBN / 8), m = m0 + tok, n = n0 + 8 * c;
-    if (m >= M || n >= N) continue;
-    const T* src = out + tok * S::kOutLd + 8 * c;
-    T* dst = y + (size_t)m * N + n;
-    if (vec) {
-      *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(src);
-    } else {
-      for (int e = 0; e < 8 && n + e < N; ++e) dst[e] = src[e];
-    }
-  }
+  // ... then written a token row at a time
+  store_tile<T, kBM, kBN>(out, S::kOutLd, y, M, N, m0, n0, tid, kMmaThreads);
 #endif  // other targets: never launched (the host checks for an sm_90 device)
 }
 
@@ -324,13 +313,8 @@ cudaError_t launch_wgmma_t(const void* x, const uint8_t* packed, const __half* s
                            int M, int N, int K, int ldp, int lds, int block_size, int k_offset, cudaStream_t stream) {
   using S = WgShape<STAGES>;
   auto kernel = ternary_wgmma_kernel<T, STAGES>;
-  static int smem_set[kMaxDevices] = {};  // > 48 KB of dynamic shared memory: per function and device
-  cudaError_t err = cudaSuccess;
-  if (per_device(smem_set, [&](int) {
-        err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, S::kSmemBytes);
-        return err == cudaSuccess ? 1 : 0;
-      }) != 1)
-    return err != cudaSuccess ? err : cudaErrorInvalidDevice;
+  static int smem_set[kMaxDevices] = {};
+  if (const cudaError_t err = opt_in_shared_memory(kernel, S::kSmemBytes, smem_set); err != cudaSuccess) return err;
   const auto encode = tensor_map_encoder();
   if (encode == nullptr) return cudaErrorNotSupported;
   // x as a 2-D tensor (K innermost, rows K * 2 bytes apart: K % 8 == 0 keeps them 16-byte aligned)
