@@ -30,7 +30,7 @@ if want != "0":
                 "ternary_plugin._C",
                 ["csrc/ternary_ops.cpp", "csrc/ternary_gemm.cu", "csrc/ternary_mma.cu", "csrc/ternary_tiled.cu",
                  "csrc/ternary_wgmma.cu"],
-                depends=["csrc/ternary_common.cuh", "csrc/ternary_mma.cuh"],
+                depends=["csrc/ternary_common.cuh", "csrc/ternary_mma.cuh", "csrc/ternary_wgmma.h"],
                 extra_compile_args={
                     "cxx": ["-O3", "-std=c++17"],
                     "nvcc": ["-O3", "-std=c++17", "--use_fast_math", "-lineinfo", *gencode],

@@ -7,6 +7,8 @@
 #include <torch/library.h>
 #include <torch/torch.h>
 
+#include "ternary_wgmma.h"
+
 namespace ternary {
 cudaError_t launch_gemv(bool bf16, const void* x, const uint8_t* packed, const __half* scale, const void* bias,
                         void* y, int M, int N, int K, int ldp, int lds, int block_size, int k_offset,
@@ -19,10 +21,6 @@ cudaError_t launch_mma(bool bf16, const void* x, const uint8_t* packed, const __
 cudaError_t launch_tiled(bool bf16, const void* x, const uint8_t* packed, const __half* scale, const void* bias,
                          void* y, int M, int N, int K, int ldp, int lds, int block_size, int k_offset, int tile,
                          cudaStream_t stream);
-cudaError_t launch_wgmma(bool bf16, const void* x, const uint8_t* packed, const __half* scale, const void* bias,
-                         void* y, int M, int N, int K, int ldp, int lds, int block_size, int k_offset,
-                         cudaStream_t stream);
-bool wgmma_supported();
 }  // namespace ternary
 
 namespace {
@@ -39,8 +37,8 @@ namespace {
 //     from M = 256 up it wins only on the tp 4 shards at M = 256, by 2-10 % (kernel-h200.md,
 //     "Tiled tensor-core kernel");
 //   else M >= TERNARY_WGMMA_MIN_M (default 0: off), an sm_90 device and the wgmma kernel's
-//     conditions (blocks on 64-weight boundaries, K % 8 == 0, x 16-byte aligned): the wgmma
-//     kernel (csrc/ternary_wgmma.cu);
+//     conditions (wgmma_ok below): the wgmma kernel (csrc/ternary_wgmma.cu; slower than
+//     dequantize + cuBLAS on 39 of 40 measured rows, so off unless asked for);
 //   else M <= TERNARY_GEMV_MAX_M (default 1): the warp-per-row kernel (any k_offset);
 //   else: dequantize + cuBLAS.
 int64_t env_int(const char* name, int64_t fallback) {
@@ -155,15 +153,15 @@ torch::Tensor gemm_path(const torch::Tensor& x,       // [M, K] bf16/fp16
   // The fused kernels load 8 code bytes at a time: rows padded to 8 bytes, 8-byte aligned.
   const bool rows_padded = ldp % 8 == 0 && reinterpret_cast<uintptr_t>(packed.data_ptr()) % 8 == 0;
   const bool mma_ok = rows_padded && block_size % unit == 0 && k_offset % unit == 0;
+  // activation rows that 16-byte copies can read (the tiled and wgmma kernels)
+  const bool x_rows_16b = K % 8 == 0 && reinterpret_cast<uintptr_t>(x.data_ptr()) % 16 == 0;
   // the tiled kernel copies activations 16 bytes at a time and works in whole scale blocks
-  const bool tiled_ok = rows_padded && block_size % 128 == 0 && k_offset % 128 == 0 && K % 8 == 0 &&
-                        reinterpret_cast<uintptr_t>(x.data_ptr()) % 16 == 0;
+  const bool tiled_ok = rows_padded && block_size % 128 == 0 && k_offset % 128 == 0 && x_rows_16b;
   // the wgmma kernel: whole 64-weight k-steps inside a scale block, TMA copies (rows and bases
-  // 16-byte aligned), a row's scale blocks in shared memory (at most 64)
+  // 16-byte aligned), a row's scale blocks in shared memory
   const bool wgmma_ok = ldp % 16 == 0 && reinterpret_cast<uintptr_t>(packed.data_ptr()) % 16 == 0 &&
-                        block_size % 64 == 0 && k_offset % 64 == 0 && K % 8 == 0 &&
-                        reinterpret_cast<uintptr_t>(x.data_ptr()) % 16 == 0 &&
-                        (k_offset + K - 1) / block_size - k_offset / block_size + 1 <= 64;
+                        block_size % 64 == 0 && k_offset % 64 == 0 && x_rows_16b &&
+                        (k_offset + K - 1) / block_size - k_offset / block_size + 1 <= ternary::kWgmmaMaxScaleCols;
   if (path == kAuto) {
     const int64_t wg_min = limits().wgmma_min_m;
     path = (mma_ok && M <= limits().mma_max_m)      ? kMma
@@ -180,7 +178,7 @@ torch::Tensor gemm_path(const torch::Tensor& x,       // [M, K] bf16/fp16
             block_size, " and ", k_offset, "), K a multiple of 8 (got ", K, ") and x 16-byte aligned");
   CHECK_ARG(path != kWgmma || wgmma_ok, "the wgmma kernel needs block_size and k_offset multiples of 64 (got ",
             block_size, " and ", k_offset, "), K a multiple of 8 (got ", K, "), x and packed 16-byte aligned, rows ",
-            "padded to 16 bytes (ldp=", ldp, ") and at most 64 scale blocks a row");
+            "padded to 16 bytes (ldp=", ldp, ") and at most ", ternary::kWgmmaMaxScaleCols, " scale blocks a row");
   CHECK_ARG(path != kWgmma || ternary::wgmma_supported(),
             "the wgmma kernel runs on sm_90 (Hopper) devices only; this device is not one");
 

@@ -38,7 +38,7 @@
 // Requires (checked by the host): an sm_90 device; K % 8 == 0, x and packed 16-byte aligned and
 // rows padded to 16 bytes (ternary_plugin.ops.pad_packed_rows): the TMA's row strides and
 // addresses; block_size and k_offset multiples of 64 (a k-step inside one scale block); at most
-// kMaxScaleCols scale blocks a row.
+// kWgmmaMaxScaleCols scale blocks a row.
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -49,6 +49,7 @@
 
 #include "ternary_common.cuh"
 #include "ternary_mma.cuh"
+#include "ternary_wgmma.h"
 
 namespace ternary {
 namespace {
@@ -60,7 +61,6 @@ constexpr int kBK = 64;                              // weights of K a k-step: o
 constexpr int kRow = kBK * 2;                        // bytes of a tile row
 constexpr int kBM = 128, kBN = 128;                  // tokens, W rows a CTA
 constexpr int kWBufs = 3;                            // decoded W tiles
-constexpr int kMaxScaleCols = 64;                    // scale blocks of a row the CTA holds (K <= 8192 at 128)
 
 template <int STAGES>
 struct WgShape {
@@ -68,7 +68,7 @@ struct WgShape {
   // [activation stages | W tiles | code stages | the rows' scales | mbarriers]; the first two
   // 1024-byte aligned from the base. mbarriers: full[STAGES], empty[STAGES], wready[3], wfree[3].
   static constexpr int kWOff = STAGES * kXBytes, kCOff = kWOff + kWBufs * kWBytes;
-  static constexpr int kSOff = kCOff + STAGES * kCBytes, kBarOff = kSOff + kBN * kMaxScaleCols * 2;
+  static constexpr int kSOff = kCOff + STAGES * kCBytes, kBarOff = kSOff + kBN * kWgmmaMaxScaleCols * 2;
   static constexpr int kPipeBytes = kBarOff + (2 * STAGES + 2 * kWBufs) * 8;
   static constexpr int kOutLd = kBN + 8;  // output staging row, padded: conflict-free pair stores
   static constexpr int kOutBytes = kBM * kOutLd * 2;
@@ -205,10 +205,10 @@ ternary_wgmma_kernel(const __grid_constant__ CUtensorMap x_map,     // x [M, K]:
   if (tid >= kMmaThreads) {
     // Decoders: thread d owns W row d of the tile (16 code bytes, 64 weights a k-step). Its scale
     // blocks go to shared memory once (rows past N read row N - 1: never stored); the host checks
-    // they fit kMaxScaleCols.
+    // they fit kWgmmaMaxScaleCols.
     const int drow = tid - kMmaThreads;
     const int col0 = k_offset / block_size, cols = (k_offset + K - 1) / block_size - col0 + 1;
-    unsigned short* srow = reinterpret_cast<unsigned short*>(smem + S::kSOff) + drow * kMaxScaleCols;
+    unsigned short* srow = reinterpret_cast<unsigned short*>(smem + S::kSOff) + drow * kWgmmaMaxScaleCols;
     const unsigned short* sg = reinterpret_cast<const unsigned short*>(scale) + (size_t)min(n0 + drow, N - 1) * lds + col0;
     for (int c0 = 0; c0 < cols; c0 += 16) {  // 16 loads in flight, then their stores
       unsigned short v[16];

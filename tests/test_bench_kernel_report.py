@@ -46,7 +46,7 @@ def test_tiled_kernel_table_says_where_it_beats_dequantize_and_cublas():
     assert "tiled kernel WRONG at down M=64: relative error 1.0e+00" in md
 
 
-def test_wgmma_kernel_table_has_a_column_per_tile():
+def test_wgmma_kernel_table_says_where_it_beats_dequantize_and_cublas():
     by_tile = {"0": 30.0}
     rows = [_row("gate_up", 4096, 40.0, 36.0, wgmma_us=30.0, wgmma_us_by_tile=by_tile),
             _row("o", 4096, 20.0, 18.0, wgmma_error="relative error 2.0e-01")]

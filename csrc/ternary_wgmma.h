@@ -1,0 +1,22 @@
+// The wgmma kernel's host interface (csrc/ternary_wgmma.cu), shared with the op's checks
+// (csrc/ternary_ops.cpp) so that the two agree on its limits.
+#pragma once
+
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+namespace ternary {
+
+// Scale blocks of a row the kernel holds in shared memory (K <= 8192 at 128-weight blocks).
+constexpr int kWgmmaMaxScaleCols = 64;
+
+// Whether the current device runs the kernel's sm_90a code (compute capability 9.0 exactly).
+bool wgmma_supported();
+
+// One tile, 128 tokens x 128 W rows; requirements in ternary_wgmma.cu's header.
+cudaError_t launch_wgmma(bool bf16, const void* x, const uint8_t* packed, const __half* scale, const void* bias,
+                         void* y, int M, int N, int K, int ldp, int lds, int block_size, int k_offset,
+                         cudaStream_t stream);
+
+}  // namespace ternary
