@@ -132,34 +132,60 @@ ternary_gemv_kernel(const T* __restrict__ x,          // [M, K]
   }
 }
 
-// W[n, k] = value(code) * scale, in T, for the large-M path. One thread per 8 weights (2
-// bytes of codes): one 16-byte store, so a warp writes 512 contiguous bytes, and at most two
-// scale blocks since block_size >= 32. (16 weights a thread, two 16-byte stores 32 bytes apart
-// per thread, was 0.3-0.7 us slower on every large-M shape on the H200: v5's run.)
-template <typename T>
-__global__ void ternary_dequant_kernel(const uint8_t* __restrict__ packed, const __half* __restrict__ scale,
-                                       T* __restrict__ w, int N, int K, int ldp, int lds,
-                                       int block_size, int k_offset) {
-  const int groups = (K + 7) / 8;  // 8-weight groups per row
-  const long idx = (long)blockIdx.x * blockDim.x + threadIdx.x;
-  if (idx >= (long)N * groups) return;
-  const int n = idx / groups;
-  const int k0 = (int)(idx % groups) * 8;
-  const uint8_t* prow = packed + (size_t)n * ldp;
-  const uint32_t word = prow[k0 / 4] | ((k0 / 4 + 1 < ldp ? (uint32_t)prow[k0 / 4 + 1] : 0u) << 8);
-  const auto [b0, split] = block_split(k0, 8, k_offset, block_size);
-  const float s0 = __half2float(scale[(size_t)n * lds + b0]);
-  const float s1 = (split < 8 && k0 + split < K) ? __half2float(scale[(size_t)n * lds + b0 + 1]) : 0.f;
-  T out[8];
+// W[n, k] = value(code) * scale, in T, for the large-M path. A thread makes CHUNKS chunks of 8
+// weights (2 bytes of codes, one 16-byte store each); chunk i of the flattened [N, K / 8] grid
+// goes to w + 8 i, and a block's chunks for one j are consecutive, so each store instruction of
+// a warp writes 512 contiguous bytes. All loads of a thread (codes, scales) are issued before the
+// first conversion. Row and column come from one 32-bit division per chunk (v5 divided in 64
+// bits). 4 chunks a thread on layers of 2M weights and more, 1 below (measured on the H200, this
+// session's probe: 4 chunks cut the dequantize of o, qkv, gate_up at M 4096 by 0.2-0.6 us and cost
+// the 0.5-1.5M-weight tp-4 shards 0.1-0.5 us). (16 weights a thread, two 16-byte stores 32
+// bytes apart per thread, was 0.3-0.7 us slower on every large-M shape: v5's run.)
+constexpr int kDequantThreads = 256;
+template <typename T, int CHUNKS>
+__global__ void __launch_bounds__(kDequantThreads)
+ternary_dequant_kernel(const uint8_t* __restrict__ packed,  // [N, ldp]
+                       const __half* __restrict__ scale,    // [N, lds]
+                       T* __restrict__ w,                   // [N, K]
+                       int N, int K, int ldp, int lds, int block_size, int k_offset) {
+  const unsigned groups = (K + 7) / 8, chunks = (unsigned)N * groups;  // the host checks < 2^32
+  const unsigned base = blockIdx.x * (kDequantThreads * CHUNKS) + threadIdx.x;
+  const bool even_rows = ldp % 2 == 0;  // two code bytes in one aligned load (k0 / 4 is even)
+  uint32_t word[CHUNKS];
+  unsigned short s0[CHUNKS], s1[CHUNKS];
+  int split[CHUNKS];
 #pragma unroll
-  for (int i = 0; i < 8; ++i) out[i] = Vec<T>::from_float(code_value(word, i) * (i < split ? s0 : s1));
-  T* dst = w + (size_t)n * K + k0;
-  if (K % 8 == 0) {  // rows 16-byte aligned
-    *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(out);
-  } else {
+  for (int j = 0; j < CHUNKS; ++j) {
+    const unsigned i = min(base + j * kDequantThreads, chunks - 1);  // past the end: the last chunk, not stored
+    const unsigned n = i / groups;
+    const int k0 = (int)(i - n * groups) * 8;
+    const uint8_t* prow = packed + (size_t)n * ldp;
+    word[j] = even_rows ? __ldg(reinterpret_cast<const unsigned short*>(prow + k0 / 4))
+                        : prow[k0 / 4] | ((k0 / 4 + 1 < ldp ? (uint32_t)prow[k0 / 4 + 1] : 0u) << 8);
+    const auto [b0, sp] = block_split(k0, 8, k_offset, block_size);
+    const unsigned short* srow = reinterpret_cast<const unsigned short*>(scale) + (size_t)n * lds;
+    split[j] = sp;
+    s0[j] = __ldg(srow + b0);
+    s1[j] = (sp < 8 && k0 + sp < K) ? __ldg(srow + b0 + 1) : 0;
+  }
 #pragma unroll
-    for (int i = 0; i < 8; ++i)
-      if (k0 + i < K) dst[i] = out[i];
+  for (int j = 0; j < CHUNKS; ++j) {
+    const unsigned i = base + j * kDequantThreads;
+    if (i >= chunks) return;
+    const unsigned n = i / groups;
+    const int k0 = (int)(i - n * groups) * 8;
+    const float f0 = scale_from_bits(s0[j]), f1 = scale_from_bits(s1[j]);
+    T out[8];
+#pragma unroll
+    for (int e = 0; e < 8; ++e) out[e] = Vec<T>::from_float(code_value(word[j], e) * (e < split[j] ? f0 : f1));
+    T* dst = w + (size_t)n * K + k0;
+    if (K % 8 == 0) {  // rows 16-byte aligned
+      *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(out);
+    } else {
+#pragma unroll
+      for (int e = 0; e < 8; ++e)
+        if (k0 + e < K) dst[e] = out[e];
+    }
   }
 }
 
@@ -193,15 +219,21 @@ cudaError_t launch_gemv(bool bf16, const void* x, const uint8_t* packed, const _
 
 cudaError_t launch_dequant(bool bf16, const uint8_t* packed, const __half* scale, void* w, int N, int K, int ldp,
                            int lds, int block_size, int k_offset, cudaStream_t stream) {
-  const long threads = (long)N * ((K + 7) / 8);
-  const int block = 256;
-  const unsigned grid = (unsigned)((threads + block - 1) / block);
-  if (bf16)
-    ternary_dequant_kernel<__nv_bfloat16><<<grid, block, 0, stream>>>(
-        packed, scale, static_cast<__nv_bfloat16*>(w), N, K, ldp, lds, block_size, k_offset);
-  else
-    ternary_dequant_kernel<__half><<<grid, block, 0, stream>>>(packed, scale, static_cast<__half*>(w), N, K, ldp,
-                                                               lds, block_size, k_offset);
+  const long chunks = (long)N * ((K + 7) / 8);
+  if (chunks >= (1l << 32)) return cudaErrorInvalidValue;  // the kernel's 32-bit chunk index
+  const bool four = (long)N * K >= (1l << 21);
+#define TERNARY_LAUNCH(T, C)                                                                               \
+  ternary_dequant_kernel<T, C><<<(unsigned)((chunks + kDequantThreads * C - 1) / (kDequantThreads * C)), \
+                                 kDequantThreads, 0, stream>>>(packed, scale, static_cast<T*>(w), N, K, ldp, lds,  \
+                                                               block_size, k_offset)
+  if (bf16) {
+    if (four) TERNARY_LAUNCH(__nv_bfloat16, 4);
+    else TERNARY_LAUNCH(__nv_bfloat16, 1);
+  } else {
+    if (four) TERNARY_LAUNCH(__half, 4);
+    else TERNARY_LAUNCH(__half, 1);
+  }
+#undef TERNARY_LAUNCH
   return cudaGetLastError();
 }
 

@@ -64,6 +64,13 @@ __device__ __forceinline__ void decode_byte(uint32_t word, int k, uint32_t& lo, 
   lo = sub2<T>(and_or<0x00040001u, m0>(w), and_or<0x00040001u, m0>(w1));
   hi = sub2<T>(and_or<0x00400010u, m1>(w), and_or<0x00400010u, m1>(w1));
 }
+// The first two weights (the low nibble) of code byte `k` of `word` as a packed pair: decode_byte's lo alone.
+template <typename T>
+__device__ __forceinline__ uint32_t decode_nibble(uint32_t word, int k) {
+  const uint32_t w = __byte_perm(word, 0u, 0x4040u | (uint32_t)k | ((uint32_t)k << 8));
+  constexpr uint32_t m0 = MmaTraits<T>::kMagic0;
+  return sub2<T>(and_or<0x00040001u, m0>(w), and_or<0x00040001u, m0>(w >> 1));
+}
 
 // x2 (a packed pair) * s2, elementwise in T
 template <typename T>

@@ -36,9 +36,13 @@ namespace {
 //     1.46x, gate_up 1.78x) and lost on the N = 1024 ones (its 16 CTAs leave most SMs idle);
 //     from M = 256 up it wins only on the tp 4 shards at M = 256, by 2-10 % (kernel-h200.md,
 //     "Tiled tensor-core kernel");
-//   else M >= TERNARY_WGMMA_MIN_M (default 0: off), an sm_90 device and the wgmma kernel's
-//     conditions (wgmma_ok below): the wgmma kernel (csrc/ternary_wgmma.cu; slower than
-//     dequantize + cuBLAS on 39 of 40 measured rows, so off unless asked for);
+//   else TERNARY_WGMMA_MIN_M (default 1024; 0 = off) <= M <= TERNARY_WGMMA_MAX_M (default
+//     8192), an sm_90 device, the wgmma kernel's conditions (wgmma_ok below) and enough CTAs to
+//     fill the GPU (ternary::wgmma_fills_gpu): the wgmma kernel (csrc/ternary_wgmma.cu; no bf16
+//     copy of W). Measured on the H200: 4-29 % faster than dequantize + cuBLAS on the rows it
+//     takes (qkv M 1024; all but gate_up/tp4 at M 4096); at M 16384 dequantize + cuBLAS won 6 of
+//     8 rows by 3-12 % (the kernel is not persistent: each CTA's prologue and epilogue are
+//     exposed, ~15 % of a CTA), so the MAX_M;
 //   else M <= TERNARY_GEMV_MAX_M (default 1): the warp-per-row kernel (any k_offset);
 //   else: dequantize + cuBLAS.
 int64_t env_int(const char* name, int64_t fallback) {
@@ -47,12 +51,13 @@ int64_t env_int(const char* name, int64_t fallback) {
 }
 // The dispatch limits above, read once per process.
 struct Limits {
-  int64_t gemv_max_m, mma_max_m, mma64_max_k, tiled_max_m, tiled_min_n, wgmma_min_m;
+  int64_t gemv_max_m, mma_max_m, mma64_max_k, tiled_max_m, tiled_min_n, wgmma_min_m, wgmma_max_m;
 };
 const Limits& limits() {
   static const Limits v{env_int("TERNARY_GEMV_MAX_M", 1),    env_int("TERNARY_MMA_MAX_M", 32),
                         env_int("TERNARY_MMA64_MAX_K", 1024), env_int("TERNARY_TILED_MAX_M", 64),
-                        env_int("TERNARY_TILED_MIN_N", 1536), env_int("TERNARY_WGMMA_MIN_M", 0)};
+                        env_int("TERNARY_TILED_MIN_N", 1536), env_int("TERNARY_WGMMA_MIN_M", 1024),
+                        env_int("TERNARY_WGMMA_MAX_M", 8192)};
   return v;
 }
 
@@ -126,8 +131,9 @@ torch::Tensor gemm_path(const torch::Tensor& x,       // [M, K] bf16/fp16
   CHECK_ARG(tokens_per_cta == 0 || path == kWgmma, "tokens_per_cta is the wgmma kernel's (path 5), got ",
             tokens_per_cta, " for path ", path);
   if (path == kWgmma) {
-    CHECK_ARG((tokens_per_cta == 0 || tokens_per_cta == 128) && (rows_per_cta == 0 || rows_per_cta == 128),
-              "the wgmma kernel's tile (tokens_per_cta x rows_per_cta) is 128 x 128 (or 0 = auto), got ",
+    CHECK_ARG((tokens_per_cta == 0 || tokens_per_cta == 128 || tokens_per_cta == 256) &&
+                  (rows_per_cta == 0 || rows_per_cta == 128),
+              "the wgmma kernel's tile (tokens_per_cta x rows_per_cta) is 128 or 256 x 128 (or 0 = auto), got ",
               tokens_per_cta, " x ", rows_per_cta);
     CHECK_ARG(k_split == 0 && k_unit == 0, "the wgmma kernel takes no k_split or k_unit, got ", k_split, " and ",
               k_unit);
@@ -166,7 +172,8 @@ torch::Tensor gemm_path(const torch::Tensor& x,       // [M, K] bf16/fp16
     const int64_t wg_min = limits().wgmma_min_m;
     path = (mma_ok && M <= limits().mma_max_m)      ? kMma
            : (tiled_ok && M <= limits().tiled_max_m && N >= limits().tiled_min_n) ? kTiled
-           : (wgmma_ok && wg_min > 0 && M >= wg_min && ternary::wgmma_supported()) ? kWgmma
+           : (wgmma_ok && wg_min > 0 && M >= wg_min && M <= limits().wgmma_max_m && ternary::wgmma_supported() &&
+              ternary::wgmma_fills_gpu(M, N))                                      ? kWgmma
            : (rows_padded && M <= limits().gemv_max_m) ? kGemv
                                                 : kDequant;
   }
@@ -200,7 +207,8 @@ torch::Tensor gemm_path(const torch::Tensor& x,       // [M, K] bf16/fp16
   }
   if (path == kWgmma) {
     check_cuda_error(ternary::launch_wgmma(bf16, x.data_ptr(), packed.data_ptr<uint8_t>(), scale_ptr, bias_ptr,
-                                           y.data_ptr(), M, N, K, ldp, lds, block_size, k_offset, stream),
+                                           y.data_ptr(), M, N, K, ldp, lds, block_size, k_offset, tokens_per_cta,
+                                           stream),
                      "ternary_wgmma_kernel launch", M, N, K);
     return y;
   }

@@ -1,39 +1,31 @@
 // Large-M ternary GEMM on Hopper's warpgroup tensor cores (wgmma, sm_90a only):
-// y[M, N] = x[M, K] @ W^T (+ bias).
+// y[M, N] = x[M, K] @ W^T (+ bias). No bf16 copy of W exists anywhere: codes are decoded in
+// registers straight into wgmma's A operand, as CUTLASS's mixed-input GEMM and Machete do.
 //
-// Machete's idea with 2-bit codes: a CTA decodes its W tile ONCE per k-step into a bf16/fp16 tile
-// in shared memory, which both consumer warpgroups' wgmma instructions read as their B operand;
-// the activations are the A operand. The decode cost scales with the W tile (128 x 64 weights a
-// k-step for BM tokens), not with warps x tokens as in the mma.sync kernels, which decode each W
-// fragment in every warp that uses it (ternary_tiled.cu); and wgmma is the instruction cuBLAS
-// reaches Hopper's rate with. No bf16 copy of W exists outside a k-step's shared-memory tile.
+// The weights are wgmma's A side (M = 64 W rows a warpgroup, from registers) and the activations
+// its B side (N = the token tile, from shared memory): "swap AB". Each W row's codes are decoded
+// by exactly one thread pair-wise into the m16n8k16-style A fragment of its warp, so a CTA
+// decodes its 128 x 64 W tile once per k-step, and no decoded tile goes through shared memory
+// (v4 did that: a 16 KB store, fence.proxy.async and an mbarrier hand-off every k-step, ~0.75
+// us a k-step whatever the work; docs/kernel_notes.md v8, v9).
 //
-//   CTA tile: 128 tokens x 128 W rows. Four roles, 13 warps:
-//     producer (warp 12, one thread): TMA copies of each k-step's activation tile (128 x 64,
-//       swizzled as wgmma reads it) and code tile (128 rows x 16 B) into stage k % STAGES,
-//       counted on full[s]; waits empty[s] before refilling a stage;
-//     decoders (warps 8-11): codes x block scale -> W tile [128 x 64] bf16 in W buffer k % 3,
-//       fence.proxy.async, arrive on wready[b]; wait wfree[b] before overwriting a buffer;
-//     MMA (warpgroups 0, 1: tokens 0-63, 64-127): wait full[s] and wready[b], 4 wgmma m64 x n128
-//       x k16 (A = activations, B = the W tile, both from shared memory), commit, wait for
-//       k-step k - 1's wgmma, then release its stage (empty) and W buffer (wfree).
+//   CTA: 128 W rows x BM tokens (BM = 256, or 128 where 256 would leave most SMs idle); 3 warpgroups:
+//     producer (warpgroup 2, one thread; setmaxnreg gives its registers away): TMA copies of
+//       each k-step's activation tile (BM x 64 bf16, 128-byte swizzle, as wgmma's B reads it) and
+//       code tile (128 rows x 16 B) into stage k % STAGES, counted on full[s]; waits empty[s]
+//       before refilling a stage;
+//     MMA (warpgroups 0, 1: W rows 0-63, 64-127): wait full[s]; decode the stage's codes x scale
+//       into A fragments (two sets: k-step k + 1 is decoded while k-step k's wgmma runs); 4 wgmma
+//       m64 x nBM x k16; wait for k-step k - 1's, free its stage (empty).
 //
 //                    K (64 a k-step) ->
-//   x tile  [128 tok x 64] bf16 --(TMA)--------------------------------- A --+
-//   codes   [128 rows x 16 B]   --(TMA)--> decoders: x scale --> W tile -- B --+-> wgmma, fp32 accumulators
+//   x tile  [BM tok x 64] bf16 --(TMA)----------------------------------- B (shared memory) --+
+//   codes   [128 rows x 16 B]  --(TMA)--> each thread: 2 rows x 16 weights, x scale --> A (registers) --+-> wgmma
 //
-// Why the decoders are warps of their own: with the decode in the MMA warps (v1-v3), decode, copy
-// and MMA time added up (gate_up M 4096: 110 us; 47 us with neither decode nor wgmma), and the
-// decode's fence.proxy.async (MEMBAR.ALL.CTA + FENCE.VIEW.ASYNC.S in SASS) was the suspect: it
-// orders everything its thread has in flight. Here no fencing thread has a wgmma in flight. It did
-// not help: every version takes ~0.75 us a k-step against ~0.28 us of tensor-core work, a latency
-// chain whose cause is not found yet (docs/kernel_notes.md, v8), so the op does not dispatch this
-// kernel by default (TERNARY_WGMMA_MIN_M).
-//
-// Both tiles use the 128-byte swizzle of wgmma's K-major layout: a row is 64 elements (128 B),
-// 16-byte chunk c of row r sits at chunk c ^ (r & 7), atoms of 8 rows x 128 B, 1024-byte aligned
-// (the TMA writes the activations so; the decoders' 16-byte stores follow it and hit 8 different
-// bank groups per 8 threads).
+// Why 256 tokens: the decode (~6 instructions a weight pair, ~440 cycles a k-step for the CTA's
+// W tile) costs the same at 128 and 256 tokens; at 128 it is longer than the k-step's wgmma and
+// shows (gate_up M 4096: 118 us), at 256 it hides under twice the tensor-core work (84 us;
+// cuBLAS 76-78). Measured with scripts/probes/wgmma_probe.cu (per-k-step clock64 trace).
 //
 // Requires (checked by the host): an sm_90 device; K % 8 == 0, x and packed 16-byte aligned and
 // rows padded to 16 bytes (ternary_plugin.ops.pad_packed_rows): the TMA's row strides and
@@ -51,33 +43,49 @@
 #include "ternary_mma.cuh"
 #include "ternary_wgmma.h"
 
+// Probe hooks, empty here: scripts/probes/wgmma_probe.cu defines them to time each role's
+// k-steps (clock64 per event) and to switch parts off, so the pipeline can be measured piece by
+// piece on the GPU without a second copy of the kernel. WGMMA_PROBE bits: 1 skip the decode,
+// 2 skip the wgmma. Every mbarrier wait and arrive stays in each case (a skipped wait hangs the
+// pipeline).
+#ifndef WGMMA_EVENT
+#define WGMMA_EVENT(cond, role, kt)
+#endif
+#ifndef WGMMA_FLUSH
+#define WGMMA_FLUSH(cond, role, n)
+#endif
+#ifndef WGMMA_PROBE
+#define WGMMA_PROBE 0
+#endif
+
 namespace ternary {
 namespace {
 
 constexpr int kMmaThreads = 256;                     // warpgroups 0, 1
-constexpr int kDecoders = 128;                       // warpgroup 2
-constexpr int kThreads = kMmaThreads + kDecoders + 32;  // + the producer warp
+constexpr int kThreads = kMmaThreads + 128;         // + the producer warpgroup (one thread of it copies)
+// Registers a thread after setmaxnreg: the producer's warpgroup gives its registers to the MMA
+// warpgroups (128 x 40 + 256 x 232 <= 64 K), whose 128 accumulators, two A fragment sets and
+// decode need ~200 at 256 tokens (168, the even share of 384 threads, spilled and serialized the wgmma).
+[[maybe_unused]] constexpr int kProducerRegs = 40, kMmaRegs = 232;  // used by the sm_90a code only
 constexpr int kBK = 64;                              // weights of K a k-step: one 128-byte swizzle row of bf16
 constexpr int kRow = kBK * 2;                        // bytes of a tile row
-constexpr int kBM = 128, kBN = 128;                  // tokens, W rows a CTA
-constexpr int kWBufs = 3;                            // decoded W tiles
+constexpr int kBN = 128;                             // W rows a CTA (tokens: BM, 128 or 256)
 
-template <int STAGES>
+template <int STAGES, int kBM>
 struct WgShape {
-  static constexpr int kXBytes = kBM * kRow, kWBytes = kBN * kRow, kCBytes = kBN * (kBK / 4);
-  // [activation stages | W tiles | code stages | the rows' scales | mbarriers]; the first two
-  // 1024-byte aligned from the base. mbarriers: full[STAGES], empty[STAGES], wready[3], wfree[3].
-  static constexpr int kWOff = STAGES * kXBytes, kCOff = kWOff + kWBufs * kWBytes;
-  static constexpr int kSOff = kCOff + STAGES * kCBytes, kBarOff = kSOff + kBN * kWgmmaMaxScaleCols * 2;
-  static constexpr int kPipeBytes = kBarOff + (2 * STAGES + 2 * kWBufs) * 8;
-  static constexpr int kOutLd = kBN + 8;  // output staging row, padded: conflict-free pair stores
+  static constexpr int kXBytes = kBM * kRow, kCBytes = kBN * (kBK / 4);
+  // [activation stages | code stages | the rows' scales, [block][row] | mbarriers]; the
+  // activation stages 1024-byte aligned from the base. mbarriers: full[STAGES], empty[STAGES].
+  static constexpr int kCOff = STAGES * kXBytes, kSOff = kCOff + STAGES * kCBytes;
+  static constexpr int kBarOff = kSOff + kBN * kWgmmaMaxScaleCols * 2;
+  static constexpr int kPipeBytes = kBarOff + 2 * STAGES * 8;
+  static constexpr int kOutLd = kBN + 8;  // output staging row ([token][W row]), padded
   static constexpr int kOutBytes = kBM * kOutLd * 2;
-  static_assert(kOutBytes <= kWOff, "the output tile is staged over the activation stages");
+  static_assert(kOutBytes <= kCOff, "the output tile is staged over the activation stages");
   static constexpr int kSmemBytes = kPipeBytes + 1024;  // + alignment
 };
 
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-__device__ __forceinline__ int sw128(int row, int chunk) { return row * kRow + ((chunk ^ (row & 7)) << 4); }
 
 // wgmma shared-memory descriptor of a K-major tile in the 128-byte swizzle: start address >> 4,
 // leading-dimension offset 1 (unused by this swizzle), stride 1024 B between 8-row atoms,
@@ -86,31 +94,36 @@ __device__ __forceinline__ uint64_t sw128_desc(uint32_t smem_addr) {
   return (uint64_t)((smem_addr & 0x3FFFF) >> 4) | (1ull << 16) | ((uint64_t)(1024 >> 4) << 32) | (1ull << 62);
 }
 
-// d (m64 x n128, fp32, the m16n8 C-fragment layout repeated: d[4j + 2h + e] is row
-// 16 * warp + lane / 4 + 8h, column 8j + 2 (lane % 4) + e) += A (m64 x k16) * B (k16 x n128)
-#define TERNARY_WGMMA_N128(TY)                                                                                   \
-  asm volatile(                                                                                                  \
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"                                                               \
-      "wgmma.mma_async.sync.aligned.m64n128k16.f32." TY "." TY " "                                              \
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, "   \
-      "%22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, "     \
-      "%42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, "     \
-      "%62, %63}, %64, %65, p, 1, 1, 0, 0;\n}\n"                                                                 \
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),         \
-        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),   \
-        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), \
-        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), \
-        "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), \
-        "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), \
-        "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), \
-        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])  \
-      : "l"(da), "l"(db), "r"(1))
-template <typename T>
-__device__ __forceinline__ void wgmma_n128(float (&d)[64], uint64_t da, uint64_t db) {
-  if constexpr (std::is_same_v<T, __nv_bfloat16>) TERNARY_WGMMA_N128("bf16");
-  else TERNARY_WGMMA_N128("f16");
+// d (m64 x nBM, fp32: d[4j + 2h + e] is row 16 * warp + lane / 4 + 8h, column 8j + 2 (lane % 4) + e,
+// the m16n8 C-fragment layout repeated) += A (m64 x k16) * B (k16 x nBM). A from registers: a[0..3]
+// as the m16n8k16 A fragment of the warp's 16 rows (a[0]: row lane / 4, k 2 (lane % 4) + {0, 1};
+// a[1]: row + 8; a[2], a[3]: k + 8); B from shared memory (descriptor db).
+#define TERNARY_WGMMA_RS_N128(TY) \
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n" \
+               "wgmma.mma_async.sync.aligned.m64n128k16.f32." TY "." TY " {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, " \
+               "{%64, %65, %66, %67}, %68, p, 1, 1, 0;\n}\n" \
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]) \
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1))
+#define TERNARY_WGMMA_RS_N256(TY) \
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %133, 0;\n" \
+               "wgmma.mma_async.sync.aligned.m64n256k16.f32." TY "." TY " {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}, " \
+               "{%128, %129, %130, %131}, %132, p, 1, 1, 0;\n}\n" \
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]), "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]), "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]), "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]), "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]), "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127]) \
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1))
+template <typename T, int BM>
+__device__ __forceinline__ void wgmma_rs(float (&d)[BM / 2], const uint32_t (&a)[4], uint64_t db) {
+  constexpr bool bf = std::is_same_v<T, __nv_bfloat16>;
+  if constexpr (BM == 128) {
+    if constexpr (bf) TERNARY_WGMMA_RS_N128("bf16");
+    else TERNARY_WGMMA_RS_N128("f16");
+  } else {
+    static_assert(BM == 256, "tiles of 128 or 256 tokens");
+    if constexpr (bf) TERNARY_WGMMA_RS_N256("bf16");
+    else TERNARY_WGMMA_RS_N256("f16");
+  }
 }
-#undef TERNARY_WGMMA_N128
+#undef TERNARY_WGMMA_RS_N128
+#undef TERNARY_WGMMA_RS_N256
 
 __device__ __forceinline__ void wgmma_arrive() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
@@ -118,14 +131,12 @@ template <int N>
 __device__ __forceinline__ void wgmma_wait() {
   asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
 }
-// Generic-proxy writes to shared memory (cp.async, the decode's stores) before an async-proxy
-// reader (wgmma) sees them.
-__device__ __forceinline__ void fence_async_shared() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 // Pins the accumulators in place around the asynchronous wgmma (as CUTLASS's
 // warpgroup_fence_operand): the compiler must not move or reuse them while wgmma writes them.
-__device__ __forceinline__ void fence_accumulators(float (&acc)[64]) {
+template <int R>
+__device__ __forceinline__ void fence_accumulators(float (&acc)[R]) {
 #pragma unroll
-  for (int i = 0; i < 64; ++i) asm volatile("" : "+f"(acc[i])::"memory");
+  for (int i = 0; i < R; ++i) asm volatile("" : "+f"(acc[i])::"memory");
 }
 
 // mbarriers (shared::cta): init, arrive, and the wait for the phase of a given parity
@@ -147,7 +158,28 @@ __device__ __forceinline__ void mbar_wait(uint32_t bar, int parity) {
 __device__ __forceinline__ void mma_sync() { asm volatile("bar.sync 1, %0;\n" ::"n"(kMmaThreads) : "memory"); }
 #endif
 
-template <typename T, int STAGES>
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+// One k-step's A fragments of a thread (4 k16 steps x 4 registers): its warp's W rows r0 = lane / 4
+// and r0 + 8, weights 2t, 2t + 1, 2t + 8, 2t + 9 of each 16 (t = lane % 4), times the rows' scales.
+// Those are the low nibbles of code bytes t / 2 and 2 + t / 2 of each 16-weight word after a shift
+// by 4 (t % 2) bits.
+template <typename T>
+__device__ __forceinline__ void decode_fragments(uint32_t (&a)[4][4], const uint4& c0, const uint4& c1, int t,
+                                                 uint32_t s0, uint32_t s1) {
+  const uint32_t w0[4] = {c0.x, c0.y, c0.z, c0.w}, w1[4] = {c1.x, c1.y, c1.z, c1.w};
+  const int shift = 4 * (t & 1), lo = t >> 1;
+#pragma unroll
+  for (int q = 0; q < 4; ++q) {
+    const uint32_t u0 = w0[q] >> shift, u1 = w1[q] >> shift;
+    a[q][0] = mul2<T>(decode_nibble<T>(u0, lo), s0);
+    a[q][1] = mul2<T>(decode_nibble<T>(u1, lo), s1);
+    a[q][2] = mul2<T>(decode_nibble<T>(u0, lo + 2), s0);
+    a[q][3] = mul2<T>(decode_nibble<T>(u1, lo + 2), s1);
+  }
+}
+#endif
+
+template <typename T, int STAGES, int BM>
 __global__ void __launch_bounds__(kThreads, 1)
 ternary_wgmma_kernel(const __grid_constant__ CUtensorMap x_map,     // x [M, K]: boxes 64 x 128, 128-byte swizzle
                      const __grid_constant__ CUtensorMap code_map,  // packed [N, ldp]: boxes 16 B x 128 rows
@@ -156,35 +188,32 @@ ternary_wgmma_kernel(const __grid_constant__ CUtensorMap x_map,     // x [M, K]:
                      T* __restrict__ y,                             // [M, N]
                      int M, int N, int K, int lds, int block_size, int k_offset) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  using S = WgShape<STAGES>;
+  using S = WgShape<STAGES, BM>;
   extern __shared__ uint8_t smem_raw[];
   const uint32_t raw_s = static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw));
   uint8_t* smem = smem_raw + ((1024 - (raw_s & 1023)) & 1023);  // swizzle atoms are 1024-byte aligned
   const uint32_t smem_s = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
   const uint32_t full_bar = smem_s + S::kBarOff, empty_bar = full_bar + 8 * STAGES;  // + 8 s: stage s's
-  const uint32_t wready_bar = empty_bar + 8 * STAGES, wfree_bar = wready_bar + 8 * kWBufs;  // + 8 b: buffer b's
   const int tid = threadIdx.x;
-  const int n0 = blockIdx.x * kBN, m0 = blockIdx.y * kBM;
+  const int n0 = blockIdx.x * kBN, m0 = blockIdx.y * BM;
   const int steps = (K + kBK - 1) / kBK;
 
   if (tid == 0) {
     for (int s = 0; s < STAGES; ++s) {
-      mbar_init(full_bar + 8 * s, 1);                        // the producer's arrive, with the TMA's bytes
-      mbar_init(empty_bar + 8 * s, (kMmaThreads + kDecoders) / 32);  // lane 0 of each MMA and decoder warp
-    }
-    for (int b = 0; b < kWBufs; ++b) {
-      mbar_init(wready_bar + 8 * b, kDecoders);      // every decoder thread, after its fence
-      mbar_init(wfree_bar + 8 * b, kMmaThreads / 32);  // lane 0 of each MMA warp, its wgmma done
+      mbar_init(full_bar + 8 * s, 1);                 // the producer's arrive, with the TMA's bytes
+      mbar_init(empty_bar + 8 * s, kMmaThreads / 32);  // lane 0 of each MMA warp, its wgmma done
     }
   }
   __syncthreads();  // the last CTA-wide barrier: the roles part here
 
-  if (tid >= kMmaThreads + kDecoders) {  // the producer warp
-    if (tid == kMmaThreads + kDecoders) {
+  if (tid >= kMmaThreads) {  // the producer warpgroup
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kProducerRegs));
+    if (tid == kMmaThreads) {
       for (int kt = 0; kt < steps; ++kt) {
         const int s = kt % STAGES;
         mbar_wait(empty_bar + 8 * s, ((kt / STAGES) & 1) ^ 1);  // round 0 passes at once
         const uint32_t bar = full_bar + 8 * s;
+        WGMMA_EVENT(true, 0, kt);
         asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar),
                      "n"(S::kXBytes + S::kCBytes) : "memory");
         asm volatile(
@@ -198,100 +227,120 @@ ternary_wgmma_kernel(const __grid_constant__ CUtensorMap x_map,     // x [M, K]:
             "r"(kt * (kBK / 4)), "r"(n0), "r"(bar)
             : "memory");
       }
+      WGMMA_FLUSH(true, 0, steps);
     }
     return;
   }
 
-  if (tid >= kMmaThreads) {
-    // Decoders: thread d owns W row d of the tile (16 code bytes, 64 weights a k-step). Its scale
-    // blocks go to shared memory once (rows past N read row N - 1: never stored); the host checks
-    // they fit kWgmmaMaxScaleCols.
-    const int drow = tid - kMmaThreads;
-    const int col0 = k_offset / block_size, cols = (k_offset + K - 1) / block_size - col0 + 1;
-    unsigned short* srow = reinterpret_cast<unsigned short*>(smem + S::kSOff) + drow * kWgmmaMaxScaleCols;
-    const unsigned short* sg = reinterpret_cast<const unsigned short*>(scale) + (size_t)min(n0 + drow, N - 1) * lds + col0;
-    for (int c0 = 0; c0 < cols; c0 += 16) {  // 16 loads in flight, then their stores
+  // MMA warpgroups: wg takes W rows 64 wg .. 64 wg + 63 of the tile (the wgmma's M side, A from
+  // registers), all 128 tokens (its N side, B = the activation tile in shared memory).
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kMmaRegs));
+  const int wg = tid / 128, warp = (tid % 128) / 32, lane = tid % 32, t = lane % 4;
+  const int r0 = wg * 64 + warp * 16 + lane / 4;  // this thread's W rows r0, r0 + 8
+  // The tile's scale blocks into shared memory once, as [block][row] (rows past N read row N - 1:
+  // never stored); the host checks they fit kWgmmaMaxScaleCols.
+  const int col0 = k_offset / block_size, cols = (k_offset + K - 1) / block_size - col0 + 1;
+  unsigned short* ssc = reinterpret_cast<unsigned short*>(smem + S::kSOff);
+  {
+    const int row = tid / 2;
+    const unsigned short* sg = reinterpret_cast<const unsigned short*>(scale) + (size_t)min(n0 + row, N - 1) * lds + col0;
+    for (int c0 = tid % 2; c0 < cols; c0 += 32) {  // 16 loads in flight, then their stores
       unsigned short v[16];
 #pragma unroll
-      for (int i = 0; i < 16; ++i) v[i] = c0 + i < cols ? __ldg(sg + c0 + i) : 0;
+      for (int i = 0; i < 16; ++i) v[i] = c0 + 2 * i < cols ? __ldg(sg + c0 + 2 * i) : 0;
 #pragma unroll
       for (int i = 0; i < 16; ++i)
-        if (c0 + i < cols) srow[c0 + i] = v[i];
+        if (c0 + 2 * i < cols) ssc[(c0 + 2 * i) * kBN + row] = v[i];
     }
-    for (int kt = 0; kt < steps; ++kt) {
-      const int s = kt % STAGES, b = kt % kWBufs;
-      mbar_wait(wfree_bar + 8 * b, ((kt / kWBufs) & 1) ^ 1);  // round 0 passes at once
-      mbar_wait(full_bar + 8 * s, (kt / STAGES) & 1);
-      const uint4 v = *reinterpret_cast<const uint4*>(smem + S::kCOff + s * S::kCBytes + drow * (kBK / 4));
-      __syncwarp();
-      if (tid % 32 == 0) mbar_arrive(empty_bar + 8 * s);  // this warp is done with the stage's codes
-      const uint32_t words[4] = {v.x, v.y, v.z, v.w};
-      const uint32_t s2 = scale_pair<T>(srow[(kt * kBK + k_offset) / block_size - col0]);
-      uint8_t* ws = smem + S::kWOff + b * S::kWBytes;
-#pragma unroll
-      for (int w = 0; w < 4; ++w) {  // weights 16w .. 16w + 15: chunks 2w, 2w + 1
-        uint32_t p[8];
-#pragma unroll
-        for (int q = 0; q < 4; ++q) {
-          decode_byte<T>(words[w], q, p[2 * q], p[2 * q + 1]);
-          p[2 * q] = mul2<T>(p[2 * q], s2);
-          p[2 * q + 1] = mul2<T>(p[2 * q + 1], s2);
-        }
-        *reinterpret_cast<uint4*>(ws + sw128(drow, 2 * w)) = make_uint4(p[0], p[1], p[2], p[3]);
-        *reinterpret_cast<uint4*>(ws + sw128(drow, 2 * w + 1)) = make_uint4(p[4], p[5], p[6], p[7]);
-      }
-      fence_async_shared();
-      mbar_arrive(wready_bar + 8 * b);
-    }
-    return;
   }
+  mma_sync();
+  // The k-step's scale block, counted instead of divided: a block is block_size / kBK k-steps.
+  const int steps_per_block = block_size / kBK;
+  int col = 0, step_in_block = (k_offset % block_size) / kBK;
 
-  // MMA warpgroups: wg takes tokens 64 wg .. 64 wg + 63 of the tile.
-  const int wg = tid / 128;
-  float acc[64];
-#pragma unroll
-  for (int i = 0; i < 64; ++i) acc[i] = 0.f;
-  for (int kt = 0; kt < steps; ++kt) {
-    const int s = kt % STAGES, b = kt % kWBufs;
-    mbar_wait(full_bar + 8 * s, (kt / STAGES) & 1);
-    mbar_wait(wready_bar + 8 * b, (kt / kWBufs) & 1);
+  // Waits for k-step kt's stage and decodes its A fragments (the codes of rows r0, r0 + 8).
+  auto decode = [&](uint32_t (&a)[4][4], int kt) {
+    mbar_wait(full_bar + 8 * (kt % STAGES), (kt / STAGES) & 1);
+    WGMMA_EVENT(tid == 0, 1, kt);
+    const uint8_t* codes = smem + S::kCOff + (kt % STAGES) * S::kCBytes;
+    const uint4 c0 = *reinterpret_cast<const uint4*>(codes + r0 * (kBK / 4));
+    const uint4 c1 = *reinterpret_cast<const uint4*>(codes + (r0 + 8) * (kBK / 4));
+    const uint32_t s0 = scale_pair<T>(ssc[col * kBN + r0]), s1 = scale_pair<T>(ssc[col * kBN + r0 + 8]);
+    if (++step_in_block == steps_per_block) step_in_block = 0, ++col;
+    if constexpr (!(WGMMA_PROBE & 1)) decode_fragments<T>(a, c0, c1, t, s0, s1);
+    WGMMA_EVENT(tid == 0, 2, kt);
+  };
+  // Issues k-step kt's wgmma (A = a), then waits for k-step kt - 1's and frees its stage.
+  auto mma = [&](float (&acc)[BM / 2], const uint32_t (&a)[4][4], int kt) {
     fence_accumulators(acc);
     wgmma_arrive();
-    const uint32_t xa = smem_s + s * S::kXBytes + wg * 64 * kRow;
-    const uint32_t wb = smem_s + S::kWOff + b * S::kWBytes;
+    const uint32_t xb = smem_s + (kt % STAGES) * S::kXBytes;
 #pragma unroll
-    for (int k16 = 0; k16 < kBK / 16; ++k16) wgmma_n128<T>(acc, sw128_desc(xa + 32 * k16), sw128_desc(wb + 32 * k16));
+    for (int k16 = 0; k16 < kBK / 16 && !(WGMMA_PROBE & 2); ++k16) wgmma_rs<T, BM>(acc, a[k16], sw128_desc(xb + 32 * k16));
     wgmma_commit();
-    wgmma_wait<1>();  // k-step kt - 1's wgmma is done: its stage and W buffer go back
+    WGMMA_EVENT(tid == 0, 3, kt);
+    wgmma_wait<1>();
     fence_accumulators(acc);
-    if (kt > 0 && tid % 32 == 0) {
-      mbar_arrive(empty_bar + 8 * ((kt - 1) % STAGES));
-      mbar_arrive(wfree_bar + 8 * ((kt - 1) % kWBufs));
-    }
+    WGMMA_EVENT(tid == 0, 4, kt);
+    if (kt > 0 && lane == 0) mbar_arrive(empty_bar + 8 * ((kt - 1) % STAGES));
+  };
+
+  float acc[BM / 2];
+#pragma unroll
+  for (int i = 0; i < BM / 2; ++i) acc[i] = 0.f;
+  // Two fragment sets: k-step kt + 1 is decoded into one while k-step kt's wgmma reads the other.
+  uint32_t a0[4][4], a1[4][4];
+  decode(a0, 0);
+  for (int kt = 0; kt < steps; kt += 2) {
+    mma(acc, a0, kt);
+    if (kt + 1 >= steps) break;
+    decode(a1, kt + 1);
+    mma(acc, a1, kt + 1);
+    if (kt + 2 < steps) decode(a0, kt + 2);
   }
   wgmma_wait<0>();
   fence_accumulators(acc);
   mma_sync();  // every wgmma done and every stage landed: the activation stages hold the output tile
 
-  // The output tile in shared memory as [token][W row] (bias added, rounded once) ...
+  // The output tile in shared memory as [token][W row] (bias added, rounded once), by stmatrix
+  // .trans: a thread's pair (d[4j + 2h], d[4j + 2h + 1]) is two tokens of W row r0 + 8h, the
+  // m8n8 fragment layout, and four 8 x 8 blocks (tokens 8j .. 8j + 15 x the warp's 16 W rows) go
+  // out transposed in one instruction; lane 8k + i names row i of block k. Rows 272 bytes apart:
+  // the 8 rows of a block hit 8 different 4-bank groups ...
   T* out = reinterpret_cast<T*>(smem);
-  const int warp = (tid % 128) / 32, lane = tid % 32;
-  const int trow = wg * 64 + warp * 16 + lane / 4;
   using T2 = typename MmaTraits<T>::T2;
+  float bv[2];
 #pragma unroll
-  for (int j = 0; j < 16; ++j) {
-    const int col = 8 * j + 2 * (lane % 4), n = n0 + col;
-    const float b0 = (bias != nullptr && n < N) ? Vec<T>::to_float(bias[n]) : 0.f;
-    const float b1 = (bias != nullptr && n + 1 < N) ? Vec<T>::to_float(bias[n + 1]) : 0.f;
+  for (int h = 0; h < 2; ++h) {
+    const int n = n0 + r0 + 8 * h;
+    bv[h] = (bias != nullptr && n < N) ? Vec<T>::to_float(bias[n]) : 0.f;
+  }
+  const int blk = lane / 8;
+  const uint32_t row_addr = static_cast<uint32_t>(__cvta_generic_to_shared(
+      out + (8 * (blk / 2) + lane % 8) * S::kOutLd + wg * 64 + warp * 16 + 8 * (blk % 2)));
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const T2 v{Vec<T>::from_float(acc[4 * j + 2 * h] + b0), Vec<T>::from_float(acc[4 * j + 2 * h + 1] + b1)};
-      *reinterpret_cast<T2*>(out + (trow + 8 * h) * S::kOutLd + col) = v;
+  for (int j = 0; j < BM / 8; j += 2) {
+    uint32_t r[4];
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {  // block q: tokens 8 (j + q / 2) .., W rows + 8 (q % 2)
+      const int i = 4 * (j + q / 2) + 2 * (q % 2);
+      const T2 v{Vec<T>::from_float(acc[i] + bv[q % 2]), Vec<T>::from_float(acc[i + 1] + bv[q % 2])};
+      r[q] = *reinterpret_cast<const uint32_t*>(&v);
     }
+    asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(
+                     row_addr + 8 * j * S::kOutLd * (int)sizeof(T)),
+                 "r"(r[0]), "r"(r[1]), "r"(r[2]), "r"(r[3])
+                 : "memory");
   }
   mma_sync();
+  WGMMA_EVENT(tid == 0, 5, 0);
+  WGMMA_FLUSH(tid == 0, 1, steps);
+  WGMMA_FLUSH(tid == 0, 2, steps);
+  WGMMA_FLUSH(tid == 0, 3, steps);
+  WGMMA_FLUSH(tid == 0, 4, steps);
+  WGMMA_FLUSH(tid == 0, 5, 1);
   // ... then written a token row at a time
-  store_tile<T, kBM, kBN>(out, S::kOutLd, y, M, N, m0, n0, tid, kMmaThreads);
+  store_tile<T, BM, kBN>(out, S::kOutLd, y, M, N, m0, n0, tid, kMmaThreads);
 #endif  // other targets: never launched (the host checks for an sm_90 device)
 }
 
@@ -308,11 +357,11 @@ PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
   return fn;
 }
 
-template <typename T, int STAGES>
+template <typename T, int STAGES, int BM>
 cudaError_t launch_wgmma_t(const void* x, const uint8_t* packed, const __half* scale, const void* bias, void* y,
                            int M, int N, int K, int ldp, int lds, int block_size, int k_offset, cudaStream_t stream) {
-  using S = WgShape<STAGES>;
-  auto kernel = ternary_wgmma_kernel<T, STAGES>;
+  using S = WgShape<STAGES, BM>;
+  auto kernel = ternary_wgmma_kernel<T, STAGES, BM>;
   static int smem_set[kMaxDevices] = {};
   if (const cudaError_t err = opt_in_shared_memory(kernel, S::kSmemBytes, smem_set); err != cudaSuccess) return err;
   const auto encode = tensor_map_encoder();
@@ -321,7 +370,7 @@ cudaError_t launch_wgmma_t(const void* x, const uint8_t* packed, const __half* s
   // read in boxes of 64 x 128; the TMA writes zeros past M and K.
   CUtensorMap x_map, code_map;
   const cuuint64_t dims[2] = {(cuuint64_t)K, (cuuint64_t)M}, strides[1] = {(cuuint64_t)K * sizeof(T)};
-  const cuuint32_t box[2] = {kBK, kBM}, unit[2] = {1, 1};
+  const cuuint32_t box[2] = {kBK, BM}, unit[2] = {1, 1};
   if (encode(&x_map, std::is_same_v<T, __nv_bfloat16> ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
              2, const_cast<void*>(x), dims, strides, box, unit, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
              CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS)
@@ -333,7 +382,7 @@ cudaError_t launch_wgmma_t(const void* x, const uint8_t* packed, const __half* s
              CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
              CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS)
     return cudaErrorInvalidValue;
-  const dim3 grid((N + kBN - 1) / kBN, (M + kBM - 1) / kBM);
+  const dim3 grid((N + kBN - 1) / kBN, (M + BM - 1) / BM);
   kernel<<<grid, kThreads, S::kSmemBytes, stream>>>(x_map, code_map, scale, static_cast<const T*>(bias),
                                                      static_cast<T*>(y), M, N, K, lds, block_size, k_offset);
   return cudaGetLastError();
@@ -352,14 +401,37 @@ bool wgmma_supported() {
          }) == 1;
 }
 
-// One tile, 128 tokens x 128 W rows: 6 stages of 18 KB, 3 W tiles of 16 KB, 16 KB of scales.
+// Where the op dispatches the kernel (with M in [TERNARY_WGMMA_MIN_M, TERNARY_WGMMA_MAX_M]): the
+// 256-token tiles fill the GPU, at least 0.9 of a wave and no last wave under half full below 3
+// waves. Measured on the H200 (kernel-h200.md, "wgmma kernel"): from 128 CTAs on 132 SMs (o, down,
+// qkv/tp4, o/tp4, down/tp4 at M 4096; qkv at M 1024) it beat dequantize + cuBLAS by 4-29 %; with
+// fewer CTAs (the N = 1024 shapes at M <= 1024: 16-64 CTAs of the 128-token tile) it lost by up
+// to 2x, and gate_up/tp4 at M 4096 (192 CTAs: a second wave of 60) by 17 %.
+bool wgmma_fills_gpu(int M, int N) {
+  const long sms = sm_count();
+  const long ctas = (long)((N + kBN - 1) / kBN) * ((M + 255) / 256);
+  if (sms == 0 || 10 * ctas < 9 * sms) return false;
+  return ctas / sms >= 3 || ctas % sms == 0 || 2 * (ctas % sms) >= sms;
+}
+
+// Tiles of 256 tokens (5 stages of 34 KB) where they still give at least one CTA per two SMs:
+// they hide the decode under the wgmma (decode work per k-step is the W tile's, the same at 128
+// and 256 tokens; measured on the H200: o at M 4096 25.7 us against 35.4 us at 128). Below that
+// (gate_up M 256: 48 CTAs against 96) tiles of 128 tokens (6 stages of 18 KB) and more CTAs.
 cudaError_t launch_wgmma(bool bf16, const void* x, const uint8_t* packed, const __half* scale, const void* bias,
                          void* y, int M, int N, int K, int ldp, int lds, int block_size, int k_offset,
-                         cudaStream_t stream) {
+                         int tokens_per_cta, cudaStream_t stream) {
   if (!wgmma_supported()) return cudaErrorNotSupported;
-  return bf16 ? launch_wgmma_t<__nv_bfloat16, 6>(x, packed, scale, bias, y, M, N, K, ldp, lds, block_size, k_offset,
-                                                 stream)
-              : launch_wgmma_t<__half, 6>(x, packed, scale, bias, y, M, N, K, ldp, lds, block_size, k_offset, stream);
+  if (tokens_per_cta == 0) {
+    const long ctas256 = (long)((N + kBN - 1) / kBN) * ((M + 255) / 256);
+    tokens_per_cta = 2 * ctas256 >= sm_count() ? 256 : 128;
+  }
+#define TERNARY_LAUNCH(T, STAGES, BM) \
+  launch_wgmma_t<T, STAGES, BM>(x, packed, scale, bias, y, M, N, K, ldp, lds, block_size, k_offset, stream)
+  if (tokens_per_cta == 256) return bf16 ? TERNARY_LAUNCH(__nv_bfloat16, 5, 256) : TERNARY_LAUNCH(__half, 5, 256);
+  if (tokens_per_cta == 128) return bf16 ? TERNARY_LAUNCH(__nv_bfloat16, 6, 128) : TERNARY_LAUNCH(__half, 6, 128);
+#undef TERNARY_LAUNCH
+  return cudaErrorInvalidValue;
 }
 
 }  // namespace ternary

@@ -14,9 +14,14 @@ constexpr int kWgmmaMaxScaleCols = 64;
 // Whether the current device runs the kernel's sm_90a code (compute capability 9.0 exactly).
 bool wgmma_supported();
 
-// One tile, 128 tokens x 128 W rows; requirements in ternary_wgmma.cu's header.
+// Whether an M x N product gives the kernel's 256-token tiles enough CTAs to fill the GPU (the
+// op's dispatch condition; the rule and its measurements beside the definition).
+bool wgmma_fills_gpu(int M, int N);
+
+// Tiles of tokens_per_cta (128 or 256; 0 = auto) tokens x 128 W rows; requirements in
+// ternary_wgmma.cu's header.
 cudaError_t launch_wgmma(bool bf16, const void* x, const uint8_t* packed, const __half* scale, const void* bias,
                          void* y, int M, int N, int K, int ldp, int lds, int block_size, int k_offset,
-                         cudaStream_t stream);
+                         int tokens_per_cta, cudaStream_t stream);
 
 }  // namespace ternary

@@ -115,7 +115,7 @@ PATH_SHAPES = [
 # tensor-core kernel: W rows per CTA, CTAs per tile along K (more than K's groups of 8 units is
 # capped by the launcher), weights of K per unit (mma64: 64-weight units; auto takes them at M 9-16 with K <= 1024);
 # the tiled kernel: W rows (and tokens) per CTA, 64 or 128; the wgmma kernel: W rows x tokens
-# per CTA, 128 x 128 (its one tile).
+# per CTA, 128 x 128 or 128 x 256.
 KERNELS = {
     "gemv": (GEMV, [(0, 0, 0)]),
     "mma": (MMA, [(0, 0, 0), (16, 0, 0), (32, 0, 0), (64, 0, 0), (0, 1, 0), (0, 2, 0), (0, 3, 0), (0, 8, 0),
@@ -123,7 +123,7 @@ KERNELS = {
     "mma64": (MMA, [(0, 0, 64), (16, 1, 64), (0, 2, 64), (0, 3, 64), (0, 8, 64)]),
     "dequant": (DEQUANT, [(0, 0, 0)]),
     "tiled": (TILED, [(0, 0, 0), (64, 0, 0), (128, 0, 0)]),
-    "wgmma": (WGMMA, [(0, 0, 0, 0), (128, 0, 0, 128)]),
+    "wgmma": (WGMMA, [(0, 0, 0, 0), (128, 0, 0, 128), (128, 0, 0, 256)]),
 }
 
 
@@ -249,8 +249,8 @@ def test_wgmma_kernel_is_deterministic_and_refuses_what_it_cannot_read():
     with pytest.raises(RuntimeError, match="x and packed 16-byte aligned"):
         torch.ops.ternary_serve.gemm_path(x, packed, scale, None, 128, 0, WGMMA, 0)
     x = torch.randn(200, 1024, device="cuda").to(torch.bfloat16)
-    with pytest.raises(RuntimeError, match="tile \\(tokens_per_cta x rows_per_cta\\) is 128 x 128 \\(or 0 = "
-                                           "auto\\), got 256 x 256"):
+    with pytest.raises(RuntimeError, match="tile \\(tokens_per_cta x rows_per_cta\\) is 128 or 256 x 128 \\(or 0 "
+                                           "= auto\\), got 256 x 256"):
         torch.ops.ternary_serve.gemm_path(x, packed, scale, None, 128, 0, WGMMA, 256, 0, 0, 256)
     with pytest.raises(RuntimeError, match="rows padded to 16 bytes \\(ldp=264\\)"):
         torch.ops.ternary_serve.gemm_path(x, torch.nn.functional.pad(packed, (0, 8)), scale, None, 128, 0, WGMMA, 0)
@@ -263,10 +263,13 @@ def test_wgmma_kernel_is_deterministic_and_refuses_what_it_cannot_read():
         torch.ops.ternary_serve.gemm_path(x, packed, scale, None, 128, 0, TILED, 0, 0, 0, 128)
 
 
-def test_default_dispatch_takes_the_tiled_kernel_only_where_it_was_measured_faster():
+def test_default_dispatch_takes_each_kernel_only_where_it_was_measured_faster():
     """Without the overrides the kernel stage sets: M <= 64 and N >= 1536 -> the tiled kernel
-    (bit-identical to it forced), N = 1024 or M = 65 -> dequantize + cuBLAS. And the tensor-core
-    kernel's unit: 64 weights at M 9-16 with K <= 1024, else 128."""
+    (bit-identical to it forced), N = 1024 or M = 65 -> dequantize + cuBLAS. M 4096 x N 1024 (128
+    CTAs of 256 tokens) -> the wgmma kernel on Hopper, bit-identical to it forced and without a
+    bf16 copy of W; M 2048 x N 1536 (96 CTAs: under a wave) and M 300 (under TERNARY_WGMMA_MIN_M)
+    -> dequantize + cuBLAS, seen by its transient bf16 W. And the tensor-core kernel's unit: 64
+    weights at M 9-16 with K <= 1024, else 128."""
     import os
     import subprocess
     import sys
@@ -287,6 +290,16 @@ def test_default_dispatch_takes_the_tiled_kernel_only_where_it_was_measured_fast
         "    same = [u for u in (64, 128) if torch.equal(y, torch.ops.ternary_serve.gemm_path(x, packed, scale, bias,"
         " 128, 0, 2, 0, 0, u))]\n"
         "    out.append(f'{m},{k}:{same}')\n"
+        "hopper = torch.cuda.get_device_capability() == (9, 0)\n"
+        "for m, n in ((4096, 1024), (2048, 1536), (300, 6144)):\n"
+        "    x, packed, scale, bias, _, _ = _case(m, n, 1024, 0, 128, torch.bfloat16, seed=m)\n"
+        "    torch.cuda.synchronize()\n"
+        "    torch.cuda.reset_peak_memory_stats()\n"
+        "    base = torch.cuda.memory_allocated()\n"
+        "    y = torch.ops.ternary_serve.gemm(x, packed, scale, bias, 128, 0)\n"
+        "    copy = torch.cuda.max_memory_allocated() - base >= n * 1024 * 2  # a bf16 W: dequantize + cuBLAS\n"
+        "    wg = hopper and torch.equal(y, torch.ops.ternary_serve.gemm_path(x, packed, scale, bias, 128, 0, 5, 0))\n"
+        "    out.append(f'{m},{n}:' + ('wgmma' if wg and not copy else 'dequant' if copy else 'neither'))\n"
         "print(' '.join(out))\n"
     )
     env = {k: v for k, v in os.environ.items() if not k.startswith("TERNARY_")}
@@ -294,7 +307,8 @@ def test_default_dispatch_takes_the_tiled_kernel_only_where_it_was_measured_fast
                           cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.split() == ["64,2048:[4]", "40,1536:[4]", "64,1024:[3]", "65,2048:[3]", "12,1024:[64]",
-                                   "16,2048:[128]", "8,1024:[128]"], proc.stdout
+                                   "16,2048:[128]", "8,1024:[128]", "4096,1024:" + ("wgmma" if HOPPER else "dequant"),
+                                   "2048,1536:dequant", "300,6144:dequant"], proc.stdout
 
 
 def test_reference_path_agrees_on_gpu():
