@@ -197,7 +197,7 @@ def _kernel_table(rows: list, kernel: str, tiles: tuple, headers: tuple, title: 
     for r in timed:
         t, by = r[f"{kernel}_us"], r[f"{kernel}_us_by_tile"]
         tflops = 2 * r["M"] * r["N"] * r["K"] / (t * 1e-6) / 1e12
-        lines.append(f"| {r['shape']} | {r['M']} | {t} | " + "".join(f"{by[c]} | " for c in tiles) +
+        lines.append(f"| {r['shape']} | {r['M']} | {t} | " + "".join(f"{by.get(c, '-')} | " for c in tiles) +
                      f"{r['ternary_us']} | {r['dequant_us']} | {r['cublas_bf16_us']} | {r['dequant_us'] / t:.3f}x | "
                      f"{r['cublas_bf16_us'] / t:.3f}x | {tflops:.1f} |")
     wins = [r for r in timed if r[f"{kernel}_us"] < r["dequant_us"]]
