@@ -41,8 +41,8 @@ namespace {
 //     fill the GPU (ternary::wgmma_fills_gpu): the wgmma kernel (csrc/ternary_wgmma.cu; no bf16
 //     copy of W). Measured on the H200: 4-29 % faster than dequantize + cuBLAS on the rows it
 //     takes (qkv M 1024; all but gate_up/tp4 at M 4096); at M 16384 dequantize + cuBLAS won 6 of
-//     8 rows by 3-12 % (the kernel is not persistent: each CTA's prologue and epilogue are
-//     exposed, ~15 % of a CTA), so the MAX_M;
+//     8 rows by 3-12 % before the kernel was made persistent (+4-6 % since, on the probe), so
+//     the MAX_M until the benchmark says otherwise;
 //   else M <= TERNARY_GEMV_MAX_M (default 1): the warp-per-row kernel (any k_offset);
 //   else: dequantize + cuBLAS.
 int64_t env_int(const char* name, int64_t fallback) {

@@ -9,14 +9,17 @@
 // (v4 did that: a 16 KB store, fence.proxy.async and an mbarrier hand-off every k-step, ~0.75
 // us a k-step whatever the work; docs/kernel_notes.md v8, v9).
 //
-//   CTA: 128 W rows x BM tokens (BM = 256, or 128 where 256 would leave most SMs idle); 3 warpgroups:
+//   Persistent CTAs, one an SM, each walking tiles of 128 W rows x BM tokens (BM = 256, or 128
+//   where 256 would leave most SMs idle); 3 warpgroups:
 //     producer (warpgroup 2, one thread; setmaxnreg gives its registers away): TMA copies of
 //       each k-step's activation tile (BM x 64 bf16, 128-byte swizzle, as wgmma's B reads it) and
 //       code tile (128 rows x 16 B) into stage k % STAGES, counted on full[s]; waits empty[s]
 //       before refilling a stage;
 //     MMA (warpgroups 0, 1: W rows 0-63, 64-127): wait full[s]; decode the stage's codes x scale
 //       into A fragments (two sets: k-step k + 1 is decoded while k-step k's wgmma runs); 4 wgmma
-//       m64 x nBM x k16; wait for k-step k - 1's, free its stage (empty).
+//       m64 x nBM x k16; wait for k-step k - 1's, free its stage (empty). At a tile's end: the
+//       output through stmatrix and shared memory to y, 128 tokens at a time, while the producer
+//       already fills the stages with the next tile's k-steps and the next tile's scales load.
 //
 //                    K (64 a k-step) ->
 //   x tile  [BM tok x 64] bf16 --(TMA)----------------------------------- B (shared memory) --+
@@ -25,7 +28,9 @@
 // Why 256 tokens: the decode (~6 instructions a weight pair, ~440 cycles a k-step for the CTA's
 // W tile) costs the same at 128 and 256 tokens; at 128 it is longer than the k-step's wgmma and
 // shows (gate_up M 4096: 118 us), at 256 it hides under twice the tensor-core work (84 us;
-// cuBLAS 76-78). Measured with scripts/probes/wgmma_probe.cu (per-k-step clock64 trace).
+// cuBLAS 76-78). Persistent CTAs (the prologue's copies and scale loads overlap the previous
+// tile's epilogue) and 4 stages: 78 us. Measured with scripts/probes/wgmma_probe.cu (float64
+// check, per-k-step clock64 trace).
 //
 // Requires (checked by the host): an sm_90 device; K % 8 == 0, x and packed 16-byte aligned and
 // rows padded to 16 bytes (ternary_plugin.ops.pad_packed_rows): the TMA's row strides and
@@ -38,6 +43,8 @@
 #include <cudaTypedefs.h>
 #include <cuda_runtime.h>
 #include <stdint.h>
+
+#include <algorithm>
 
 #include "ternary_common.cuh"
 #include "ternary_mma.cuh"
@@ -74,15 +81,17 @@ constexpr int kBN = 128;                             // W rows a CTA (tokens: BM
 template <int STAGES, int kBM>
 struct WgShape {
   static constexpr int kXBytes = kBM * kRow, kCBytes = kBN * (kBK / 4);
-  // [activation stages | code stages | the rows' scales, [block][row] | mbarriers]; the
+  static constexpr int kScaleBytes = kBN * kWgmmaMaxScaleCols * 2;  // one tile's scales, [block][row]
+  static constexpr int kOutLd = kBN + 8;                            // output staging row ([token][W row]), padded
+  // [activation stages | code stages | scales of two tiles | output tile | mbarriers]; the
   // activation stages 1024-byte aligned from the base. mbarriers: full[STAGES], empty[STAGES].
+  // The output tile has its own space: the producer refills the stages for the next tile while
+  // the MMA warpgroups write this one out.
   static constexpr int kCOff = STAGES * kXBytes, kSOff = kCOff + STAGES * kCBytes;
-  static constexpr int kBarOff = kSOff + kBN * kWgmmaMaxScaleCols * 2;
-  static constexpr int kPipeBytes = kBarOff + 2 * STAGES * 8;
-  static constexpr int kOutLd = kBN + 8;  // output staging row ([token][W row]), padded
-  static constexpr int kOutBytes = kBM * kOutLd * 2;
-  static_assert(kOutBytes <= kCOff, "the output tile is staged over the activation stages");
-  static constexpr int kSmemBytes = kPipeBytes + 1024;  // + alignment
+  static constexpr int kOutTokens = 128;  // the output tile goes out 128 tokens at a time
+  static constexpr int kOutOff = kSOff + 2 * kScaleBytes, kBarOff = kOutOff + kOutTokens * kOutLd * 2;
+  static constexpr int kSmemBytes = kBarOff + 2 * STAGES * 8 + 1024;  // + alignment
+  static_assert(kSmemBytes <= 227 * 1024, "shared memory of one CTA");
 };
 
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -179,9 +188,13 @@ __device__ __forceinline__ void decode_fragments(uint32_t (&a)[4][4], const uint
 }
 #endif
 
+// Persistent: gridDim.x CTAs (at most one per SM) take tiles blockIdx.x, + gridDim.x, ...
+// (tile t: W rows 128 (t % tiles_n), tokens BM (t / tiles_n)); the producer runs on into the
+// next tile's k-steps while the MMA warpgroups write the last one out, so only the first tile
+// waits for its copies, and the next tile's scales are loaded during the epilogue.
 template <typename T, int STAGES, int BM>
 __global__ void __launch_bounds__(kThreads, 1)
-ternary_wgmma_kernel(const __grid_constant__ CUtensorMap x_map,     // x [M, K]: boxes 64 x 128, 128-byte swizzle
+ternary_wgmma_kernel(const __grid_constant__ CUtensorMap x_map,     // x [M, K]: boxes 64 x BM, 128-byte swizzle
                      const __grid_constant__ CUtensorMap code_map,  // packed [N, ldp]: boxes 16 B x 128 rows
                      const __half* __restrict__ scale,              // [N, lds]
                      const T* __restrict__ bias,                    // [N] or nullptr
@@ -195,8 +208,8 @@ ternary_wgmma_kernel(const __grid_constant__ CUtensorMap x_map,     // x [M, K]:
   const uint32_t smem_s = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
   const uint32_t full_bar = smem_s + S::kBarOff, empty_bar = full_bar + 8 * STAGES;  // + 8 s: stage s's
   const int tid = threadIdx.x;
-  const int n0 = blockIdx.x * kBN, m0 = blockIdx.y * BM;
   const int steps = (K + kBK - 1) / kBK;
+  const int tiles_n = (N + kBN - 1) / kBN, tiles = tiles_n * ((M + BM - 1) / BM);
 
   if (tid == 0) {
     for (int s = 0; s < STAGES; ++s) {
@@ -209,23 +222,27 @@ ternary_wgmma_kernel(const __grid_constant__ CUtensorMap x_map,     // x [M, K]:
   if (tid >= kMmaThreads) {  // the producer warpgroup
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kProducerRegs));
     if (tid == kMmaThreads) {
-      for (int kt = 0; kt < steps; ++kt) {
-        const int s = kt % STAGES;
-        mbar_wait(empty_bar + 8 * s, ((kt / STAGES) & 1) ^ 1);  // round 0 passes at once
-        const uint32_t bar = full_bar + 8 * s;
-        WGMMA_EVENT(true, 0, kt);
-        asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar),
-                     "n"(S::kXBytes + S::kCBytes) : "memory");
-        asm volatile(
-            "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], "
-            "[%4];\n" ::"r"(smem_s + s * S::kXBytes), "l"(reinterpret_cast<uint64_t>(&x_map)), "r"(kt * kBK), "r"(m0),
-            "r"(bar)
-            : "memory");
-        asm volatile(
-            "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], "
-            "[%4];\n" ::"r"(smem_s + S::kCOff + s * S::kCBytes), "l"(reinterpret_cast<uint64_t>(&code_map)),
-            "r"(kt * (kBK / 4)), "r"(n0), "r"(bar)
-            : "memory");
+      int it = 0;  // k-steps copied so far, all tiles: stage it % STAGES, round it / STAGES
+      for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+        const int n0 = (tile % tiles_n) * kBN, m0 = (tile / tiles_n) * BM;
+        for (int kt = 0; kt < steps; ++kt, ++it) {
+          const int s = it % STAGES;
+          mbar_wait(empty_bar + 8 * s, ((it / STAGES) & 1) ^ 1);  // round 0 passes at once
+          const uint32_t bar = full_bar + 8 * s;
+          WGMMA_EVENT(tile == (int)blockIdx.x, 0, kt);
+          asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar),
+                       "n"(S::kXBytes + S::kCBytes) : "memory");
+          asm volatile(
+              "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, "
+              "%3}], [%4];\n" ::"r"(smem_s + s * S::kXBytes), "l"(reinterpret_cast<uint64_t>(&x_map)), "r"(kt * kBK),
+              "r"(m0), "r"(bar)
+              : "memory");
+          asm volatile(
+              "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, "
+              "%3}], [%4];\n" ::"r"(smem_s + S::kCOff + s * S::kCBytes), "l"(reinterpret_cast<uint64_t>(&code_map)),
+              "r"(kt * (kBK / 4)), "r"(n0), "r"(bar)
+              : "memory");
+        }
       }
       WGMMA_FLUSH(true, 0, steps);
     }
@@ -233,114 +250,161 @@ ternary_wgmma_kernel(const __grid_constant__ CUtensorMap x_map,     // x [M, K]:
   }
 
   // MMA warpgroups: wg takes W rows 64 wg .. 64 wg + 63 of the tile (the wgmma's M side, A from
-  // registers), all 128 tokens (its N side, B = the activation tile in shared memory).
+  // registers), all BM tokens (its N side, B = the activation tile in shared memory).
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kMmaRegs));
   const int wg = tid / 128, warp = (tid % 128) / 32, lane = tid % 32, t = lane % 4;
   const int r0 = wg * 64 + warp * 16 + lane / 4;  // this thread's W rows r0, r0 + 8
-  // The tile's scale blocks into shared memory once, as [block][row] (rows past N read row N - 1:
-  // never stored); the host checks they fit kWgmmaMaxScaleCols.
+  // A tile's scale blocks go to shared memory as [block][row] (rows past N read row N - 1: never
+  // stored), into one of two buffers by tile parity; the host checks they fit
+  // kWgmmaMaxScaleCols. Thread tid loads row tid / 2, blocks tid % 2, + 2, ...: the first 16 of
+  // them (K up to 4096 at 128-weight blocks) are loaded before the previous tile's epilogue and
+  // stored after it; any further ones are loaded and stored after it.
   const int col0 = k_offset / block_size, cols = (k_offset + K - 1) / block_size - col0 + 1;
-  unsigned short* ssc = reinterpret_cast<unsigned short*>(smem + S::kSOff);
-  {
-    const int row = tid / 2;
-    const unsigned short* sg = reinterpret_cast<const unsigned short*>(scale) + (size_t)min(n0 + row, N - 1) * lds + col0;
-    for (int c0 = tid % 2; c0 < cols; c0 += 32) {  // 16 loads in flight, then their stores
+  const int srow = tid / 2;
+  auto scale_row = [&](int n0) {
+    return reinterpret_cast<const unsigned short*>(scale) + (size_t)min(n0 + srow, N - 1) * lds + col0;
+  };
+  auto load_scales = [&](int n0, int c0, unsigned short (&v)[16]) {
+    const unsigned short* sg = scale_row(n0);
+#pragma unroll
+    for (int i = 0; i < 16; ++i) v[i] = c0 + 2 * i < cols ? __ldg(sg + c0 + 2 * i) : 0;
+  };
+  auto store_scales = [&](int c0, const unsigned short (&v)[16], unsigned short* ssc) {
+#pragma unroll
+    for (int i = 0; i < 16; ++i)
+      if (c0 + 2 * i < cols) ssc[(c0 + 2 * i) * kBN + srow] = v[i];
+  };
+  auto scale_buffer = [&](int tcount) {
+    return reinterpret_cast<unsigned short*>(smem + S::kSOff + (tcount & 1) * S::kScaleBytes);
+  };
+  auto rest_of_scales = [&](int n0, unsigned short* ssc) {  // blocks past the first 32
+    for (int c0 = 32 + tid % 2; c0 < cols; c0 += 32) {
       unsigned short v[16];
-#pragma unroll
-      for (int i = 0; i < 16; ++i) v[i] = c0 + 2 * i < cols ? __ldg(sg + c0 + 2 * i) : 0;
-#pragma unroll
-      for (int i = 0; i < 16; ++i)
-        if (c0 + 2 * i < cols) ssc[(c0 + 2 * i) * kBN + row] = v[i];
+      load_scales(n0, c0, v);
+      store_scales(c0, v, ssc);
     }
+  };
+  {
+    unsigned short v[16];
+    const int n0 = (blockIdx.x % tiles_n) * kBN;
+    load_scales(n0, tid % 2, v);
+    store_scales(tid % 2, v, scale_buffer(0));
+    rest_of_scales(n0, scale_buffer(0));
   }
   mma_sync();
-  // The k-step's scale block, counted instead of divided: a block is block_size / kBK k-steps.
-  const int steps_per_block = block_size / kBK;
-  int col = 0, step_in_block = (k_offset % block_size) / kBK;
+  const int steps_per_block = block_size / kBK;  // the scale block advances every steps_per_block k-steps
 
-  // Waits for k-step kt's stage and decodes its A fragments (the codes of rows r0, r0 + 8).
-  auto decode = [&](uint32_t (&a)[4][4], int kt) {
-    mbar_wait(full_bar + 8 * (kt % STAGES), (kt / STAGES) & 1);
-    WGMMA_EVENT(tid == 0, 1, kt);
-    const uint8_t* codes = smem + S::kCOff + (kt % STAGES) * S::kCBytes;
-    const uint4 c0 = *reinterpret_cast<const uint4*>(codes + r0 * (kBK / 4));
-    const uint4 c1 = *reinterpret_cast<const uint4*>(codes + (r0 + 8) * (kBK / 4));
-    const uint32_t s0 = scale_pair<T>(ssc[col * kBN + r0]), s1 = scale_pair<T>(ssc[col * kBN + r0 + 8]);
-    if (++step_in_block == steps_per_block) step_in_block = 0, ++col;
-    if constexpr (!(WGMMA_PROBE & 1)) decode_fragments<T>(a, c0, c1, t, s0, s1);
-    WGMMA_EVENT(tid == 0, 2, kt);
-  };
-  // Issues k-step kt's wgmma (A = a), then waits for k-step kt - 1's and frees its stage.
-  auto mma = [&](float (&acc)[BM / 2], const uint32_t (&a)[4][4], int kt) {
-    fence_accumulators(acc);
-    wgmma_arrive();
-    const uint32_t xb = smem_s + (kt % STAGES) * S::kXBytes;
-#pragma unroll
-    for (int k16 = 0; k16 < kBK / 16 && !(WGMMA_PROBE & 2); ++k16) wgmma_rs<T, BM>(acc, a[k16], sw128_desc(xb + 32 * k16));
-    wgmma_commit();
-    WGMMA_EVENT(tid == 0, 3, kt);
-    wgmma_wait<1>();
-    fence_accumulators(acc);
-    WGMMA_EVENT(tid == 0, 4, kt);
-    if (kt > 0 && lane == 0) mbar_arrive(empty_bar + 8 * ((kt - 1) % STAGES));
-  };
+  int it = 0;  // k-steps consumed so far, all tiles (the producer's count)
+  int tcount = 0;
+  for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x, ++tcount) {
+    const int n0 = (tile % tiles_n) * kBN, m0 = (tile / tiles_n) * BM;
+    [[maybe_unused]] const bool first = tcount == 0;  // probe events: the first tile's k-steps
+    const unsigned short* ssc = scale_buffer(tcount);
+    int col = 0, step_in_block = (k_offset % block_size) / kBK;  // the k-step's scale block, counted
 
-  float acc[BM / 2];
+    // Waits for k-step kt's stage and decodes its A fragments (the codes of rows r0, r0 + 8).
+    auto decode = [&](uint32_t (&a)[4][4], int kt) {
+      const int g = it + kt;
+      mbar_wait(full_bar + 8 * (g % STAGES), (g / STAGES) & 1);
+      WGMMA_EVENT(tid == 0 && first, 1, kt);
+      const uint8_t* codes = smem + S::kCOff + (g % STAGES) * S::kCBytes;
+      const uint4 c0 = *reinterpret_cast<const uint4*>(codes + r0 * (kBK / 4));
+      const uint4 c1 = *reinterpret_cast<const uint4*>(codes + (r0 + 8) * (kBK / 4));
+      const uint32_t s0 = scale_pair<T>(ssc[col * kBN + r0]), s1 = scale_pair<T>(ssc[col * kBN + r0 + 8]);
+      if (++step_in_block == steps_per_block) step_in_block = 0, ++col;
+      if constexpr (!(WGMMA_PROBE & 1)) decode_fragments<T>(a, c0, c1, t, s0, s1);
+      WGMMA_EVENT(tid == 0 && first, 2, kt);
+    };
+    // Issues k-step kt's wgmma (A = a), then waits for k-step kt - 1's and frees its stage.
+    auto mma = [&](float (&acc)[BM / 2], const uint32_t (&a)[4][4], int kt) {
+      const int g = it + kt;
+      fence_accumulators(acc);
+      wgmma_arrive();
+      const uint32_t xb = smem_s + (g % STAGES) * S::kXBytes;
 #pragma unroll
-  for (int i = 0; i < BM / 2; ++i) acc[i] = 0.f;
-  // Two fragment sets: k-step kt + 1 is decoded into one while k-step kt's wgmma reads the other.
-  uint32_t a0[4][4], a1[4][4];
-  decode(a0, 0);
-  for (int kt = 0; kt < steps; kt += 2) {
-    mma(acc, a0, kt);
-    if (kt + 1 >= steps) break;
-    decode(a1, kt + 1);
-    mma(acc, a1, kt + 1);
-    if (kt + 2 < steps) decode(a0, kt + 2);
-  }
-  wgmma_wait<0>();
-  fence_accumulators(acc);
-  mma_sync();  // every wgmma done and every stage landed: the activation stages hold the output tile
+      for (int k16 = 0; k16 < kBK / 16 && !(WGMMA_PROBE & 2); ++k16)
+        wgmma_rs<T, BM>(acc, a[k16], sw128_desc(xb + 32 * k16));
+      wgmma_commit();
+      WGMMA_EVENT(tid == 0 && first, 3, kt);
+      wgmma_wait<1>();
+      fence_accumulators(acc);
+      WGMMA_EVENT(tid == 0 && first, 4, kt);
+      if (kt > 0 && lane == 0) mbar_arrive(empty_bar + 8 * ((g - 1) % STAGES));
+    };
 
-  // The output tile in shared memory as [token][W row] (bias added, rounded once), by stmatrix
-  // .trans: a thread's pair (d[4j + 2h], d[4j + 2h + 1]) is two tokens of W row r0 + 8h, the
-  // m8n8 fragment layout, and four 8 x 8 blocks (tokens 8j .. 8j + 15 x the warp's 16 W rows) go
-  // out transposed in one instruction; lane 8k + i names row i of block k. Rows 272 bytes apart:
-  // the 8 rows of a block hit 8 different 4-bank groups ...
-  T* out = reinterpret_cast<T*>(smem);
-  using T2 = typename MmaTraits<T>::T2;
-  float bv[2];
+    float acc[BM / 2];
 #pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const int n = n0 + r0 + 8 * h;
-    bv[h] = (bias != nullptr && n < N) ? Vec<T>::to_float(bias[n]) : 0.f;
-  }
-  const int blk = lane / 8;
-  const uint32_t row_addr = static_cast<uint32_t>(__cvta_generic_to_shared(
-      out + (8 * (blk / 2) + lane % 8) * S::kOutLd + wg * 64 + warp * 16 + 8 * (blk % 2)));
-#pragma unroll
-  for (int j = 0; j < BM / 8; j += 2) {
-    uint32_t r[4];
-#pragma unroll
-    for (int q = 0; q < 4; ++q) {  // block q: tokens 8 (j + q / 2) .., W rows + 8 (q % 2)
-      const int i = 4 * (j + q / 2) + 2 * (q % 2);
-      const T2 v{Vec<T>::from_float(acc[i] + bv[q % 2]), Vec<T>::from_float(acc[i + 1] + bv[q % 2])};
-      r[q] = *reinterpret_cast<const uint32_t*>(&v);
+    for (int i = 0; i < BM / 2; ++i) acc[i] = 0.f;
+    // Two fragment sets: k-step kt + 1 is decoded into one while k-step kt's wgmma reads the other.
+    uint32_t a0[4][4], a1[4][4];
+    decode(a0, 0);
+    for (int kt = 0; kt < steps; kt += 2) {
+      mma(acc, a0, kt);
+      if (kt + 1 >= steps) break;
+      decode(a1, kt + 1);
+      mma(acc, a1, kt + 1);
+      if (kt + 2 < steps) decode(a0, kt + 2);
     }
-    asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(
-                     row_addr + 8 * j * S::kOutLd * (int)sizeof(T)),
-                 "r"(r[0]), "r"(r[1]), "r"(r[2]), "r"(r[3])
-                 : "memory");
+    wgmma_wait<0>();
+    fence_accumulators(acc);
+    it += steps;
+    if (lane == 0) mbar_arrive(empty_bar + 8 * ((it - 1) % STAGES));  // the tile's last stage
+
+    // The next tile's first scale blocks, in flight through the epilogue.
+    const int next = tile + gridDim.x, next_n0 = (next % tiles_n) * kBN;
+    unsigned short next_scales[16];
+    if (next < tiles) load_scales(next_n0, tid % 2, next_scales);
+
+    // The output tile in shared memory as [token][W row] (bias added, rounded once), by stmatrix
+    // .trans: a thread's pair (d[4j + 2h], d[4j + 2h + 1]) is two tokens of W row r0 + 8h, the
+    // m8n8 fragment layout, and four 8 x 8 blocks (tokens 8j .. 8j + 15 x the warp's 16 W rows)
+    // go out transposed in one instruction; lane 8k + i names row i of block k. Rows 272 bytes
+    // apart: the 8 rows of a block hit 8 different 4-bank groups ...
+    T* out = reinterpret_cast<T*>(smem + S::kOutOff);
+    using T2 = typename MmaTraits<T>::T2;
+    float bv[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int n = n0 + r0 + 8 * h;
+      bv[h] = (bias != nullptr && n < N) ? Vec<T>::to_float(bias[n]) : 0.f;
+    }
+    const int blk = lane / 8;
+    const uint32_t row_addr = static_cast<uint32_t>(__cvta_generic_to_shared(
+        out + (8 * (blk / 2) + lane % 8) * S::kOutLd + wg * 64 + warp * 16 + 8 * (blk % 2)));
+#pragma unroll
+    for (int part = 0; part < BM / S::kOutTokens; ++part) {
+      if (part > 0) mma_sync();  // the previous part is written out
+#pragma unroll
+      for (int jj = 0; jj < S::kOutTokens / 8; jj += 2) {
+        const int j = part * (S::kOutTokens / 8) + jj;
+        uint32_t r[4];
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {  // block q: tokens 8 (j + q / 2) .., W rows + 8 (q % 2)
+          const int i = 4 * (j + q / 2) + 2 * (q % 2);
+          const T2 v{Vec<T>::from_float(acc[i] + bv[q % 2]), Vec<T>::from_float(acc[i + 1] + bv[q % 2])};
+          r[q] = *reinterpret_cast<const uint32_t*>(&v);
+        }
+        asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(
+                         row_addr + 8 * jj * S::kOutLd * (int)sizeof(T)),
+                     "r"(r[0]), "r"(r[1]), "r"(r[2]), "r"(r[3])
+                     : "memory");
+      }
+      mma_sync();
+      WGMMA_EVENT(tid == 0 && first && part == 0, 5, 0);
+      // ... then written a token row at a time
+      store_tile<T, S::kOutTokens, kBN>(out, S::kOutLd, y, M, N, m0 + part * S::kOutTokens, n0, tid, kMmaThreads);
+    }
+    if (next < tiles) {
+      store_scales(tid % 2, next_scales, scale_buffer(tcount + 1));
+      rest_of_scales(next_n0, scale_buffer(tcount + 1));
+    }
+    mma_sync();  // the next tile's scales stored, this one's output read: both buffers free to reuse
   }
-  mma_sync();
-  WGMMA_EVENT(tid == 0, 5, 0);
   WGMMA_FLUSH(tid == 0, 1, steps);
   WGMMA_FLUSH(tid == 0, 2, steps);
   WGMMA_FLUSH(tid == 0, 3, steps);
   WGMMA_FLUSH(tid == 0, 4, steps);
   WGMMA_FLUSH(tid == 0, 5, 1);
-  // ... then written a token row at a time
-  store_tile<T, BM, kBN>(out, S::kOutLd, y, M, N, m0, n0, tid, kMmaThreads);
 #endif  // other targets: never launched (the host checks for an sm_90 device)
 }
 
@@ -382,7 +446,8 @@ cudaError_t launch_wgmma_t(const void* x, const uint8_t* packed, const __half* s
              CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
              CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS)
     return cudaErrorInvalidValue;
-  const dim3 grid((N + kBN - 1) / kBN, (M + BM - 1) / BM);
+  const long tiles = (long)((N + kBN - 1) / kBN) * ((M + BM - 1) / BM);
+  const dim3 grid((unsigned)std::min<long>(tiles, std::max(sm_count(), 1)));  // persistent: one CTA an SM
   kernel<<<grid, kThreads, S::kSmemBytes, stream>>>(x_map, code_map, scale, static_cast<const T*>(bias),
                                                      static_cast<T*>(y), M, N, K, lds, block_size, k_offset);
   return cudaGetLastError();
@@ -403,18 +468,19 @@ bool wgmma_supported() {
 
 // Where the op dispatches the kernel (with M in [TERNARY_WGMMA_MIN_M, TERNARY_WGMMA_MAX_M]): the
 // 256-token tiles fill the GPU, at least 0.9 of a wave and no last wave under half full below 3
-// waves. Measured on the H200 (kernel-h200.md, "wgmma kernel"): from 128 CTAs on 132 SMs (o, down,
-// qkv/tp4, o/tp4, down/tp4 at M 4096; qkv at M 1024) it beat dequantize + cuBLAS by 4-29 %; with
-// fewer CTAs (the N = 1024 shapes at M <= 1024: 16-64 CTAs of the 128-token tile) it lost by up
-// to 2x, and gate_up/tp4 at M 4096 (192 CTAs: a second wave of 60) by 17 %.
+// waves (a persistent CTA takes ceil(tiles / SMs) tiles in series). Measured on the H200
+// (kernel-h200.md, "wgmma kernel"; the non-persistent build): from 128 tiles on 132 SMs (o, down,
+// qkv/tp4, o/tp4, down/tp4 at M 4096; qkv at M 1024) it beat dequantize + cuBLAS by 4-29 %;
+// with fewer (the N = 1024 shapes at M <= 1024: 16-64 tiles of 128 tokens) it lost by up to 2x,
+// and gate_up/tp4 at M 4096 (192 tiles: a second wave of 60) by 17 %.
 bool wgmma_fills_gpu(int M, int N) {
   const long sms = sm_count();
-  const long ctas = (long)((N + kBN - 1) / kBN) * ((M + 255) / 256);
-  if (sms == 0 || 10 * ctas < 9 * sms) return false;
-  return ctas / sms >= 3 || ctas % sms == 0 || 2 * (ctas % sms) >= sms;
+  const long tiles = (long)((N + kBN - 1) / kBN) * ((M + 255) / 256);
+  if (sms == 0 || 10 * tiles < 9 * sms) return false;
+  return tiles / sms >= 3 || tiles % sms == 0 || 2 * (tiles % sms) >= sms;
 }
 
-// Tiles of 256 tokens (5 stages of 34 KB) where they still give at least one CTA per two SMs:
+// Tiles of 256 tokens (4 stages of 34 KB) where they still give at least one CTA per two SMs:
 // they hide the decode under the wgmma (decode work per k-step is the W tile's, the same at 128
 // and 256 tokens; measured on the H200: o at M 4096 25.7 us against 35.4 us at 128). Below that
 // (gate_up M 256: 48 CTAs against 96) tiles of 128 tokens (6 stages of 18 KB) and more CTAs.
@@ -428,7 +494,7 @@ cudaError_t launch_wgmma(bool bf16, const void* x, const uint8_t* packed, const 
   }
 #define TERNARY_LAUNCH(T, STAGES, BM) \
   launch_wgmma_t<T, STAGES, BM>(x, packed, scale, bias, y, M, N, K, ldp, lds, block_size, k_offset, stream)
-  if (tokens_per_cta == 256) return bf16 ? TERNARY_LAUNCH(__nv_bfloat16, 5, 256) : TERNARY_LAUNCH(__half, 5, 256);
+  if (tokens_per_cta == 256) return bf16 ? TERNARY_LAUNCH(__nv_bfloat16, 4, 256) : TERNARY_LAUNCH(__half, 4, 256);
   if (tokens_per_cta == 128) return bf16 ? TERNARY_LAUNCH(__nv_bfloat16, 6, 128) : TERNARY_LAUNCH(__half, 6, 128);
 #undef TERNARY_LAUNCH
   return cudaErrorInvalidValue;

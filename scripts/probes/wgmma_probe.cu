@@ -162,7 +162,7 @@ int main(int argc, char** argv) {
       long long ev[6][64];
       CHECK(cudaMemcpyFromSymbol(ev, g_events, sizeof(ev)));
       const long long t0 = ev[0][0];
-      std::printf("  cycles from the first issue; accumulators staged in shared memory at %lld\n", ev[5][0] - t0);
+      std::printf("  cycles from the first issue; the first 128 tokens of the output staged in shared memory at %lld\n", ev[5][0] - t0);
       std::printf("  %4s %8s %8s %8s %8s %8s\n", "kt", "issue", "full", "dec", "mma", "done");
       for (int kt = 0; kt < steps && kt < 64; ++kt)
         std::printf("  %4d %8lld %8lld %8lld %8lld %8lld\n", kt, ev[0][kt] - t0, ev[1][kt] - t0, ev[2][kt] - t0,
