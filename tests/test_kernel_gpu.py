@@ -110,6 +110,8 @@ PATH_SHAPES = [
     (96, 256, 1280, 256, 512, "block_size 512, shard 256 into a block: 128-weight units of it"),
     (300, 520, 1088, 64, 128, "k_offset 64 (a shard 64 into a block), 17 k-steps of 64, M past 2 token tiles"),
     (700, 300, 136, 0, 128, "K = 136: one full and one 8-weight k-step; N past 256 by 44"),
+    (300, 8500, 136, 0, 128, "201 (134) tiles of 128 (256) tokens: more than one a persistent CTA, 3 k-steps"),
+    (4133, 4100, 1088, 64, 128, "large M: 561 256-token tiles, several a persistent CTA, M and N past a tile"),
 ]
 # Each kernel's forced choices (rows_per_cta, k_split, k_unit[, tokens_per_cta]) for gemm_path; 0 = auto. The
 # tensor-core kernel: W rows per CTA, CTAs per tile along K (more than K's groups of 8 units is
