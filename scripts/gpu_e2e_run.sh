@@ -6,6 +6,7 @@
 #
 #   bash scripts/gpu_e2e_run.sh setup kernel        # build + install, GPU tests, memcheck, kernel bench
 #   bash scripts/gpu_e2e_run.sh wgmma               # the wgmma kernel's tests, memcheck, bench at M >= 64
+#   bash scripts/probes/run_probes.sh               # the wgmma kernel alone, outside torch (~10 s; no setup)
 #   bash scripts/gpu_e2e_run.sh profile_tiled       # ncu on the tiled kernel (profile: the small-M one)
 #                                                   # (also alone in one call, without the vLLM payload:
 #                                                   #  carry .whl only)
@@ -32,6 +33,10 @@
 # wgmma profile_wgmma` 133 and 116 s of wall time (~160 s of device time each), setup + tests +
 # a probe script 73-116 s (~130-160 s each), `setup kernel` 154 s (~215 s); a probe that
 # deadlocked ran into its 300 s limit (~360 s). 1700 of 1800 s in all.
+# Eighth session (nvidia-h200, kernel work only, every call cold, ~40 s of start each): seven
+# calls of scripts/probes/run_probes.sh (the wgmma kernel built and timed outside torch, 7-15 s
+# of wall time, ~60-70 s of device time each) and three `setup kernel` calls (carry .whl alone;
+# 120-160 s of wall time, ~180-200 s each); ~1170 of 1800 s in all.
 #
 # Everything a stage measures lands in $OUT (at most 8 files come back: JSON results, a log
 # tarball); scripts/bench_e2e.py report merges them here afterwards. The parts of earlier GPU
