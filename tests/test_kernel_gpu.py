@@ -112,6 +112,8 @@ PATH_SHAPES = [
     (700, 300, 136, 0, 128, "K = 136: one full and one 8-weight k-step; N past 256 by 44"),
     (300, 8500, 136, 0, 128, "201 (134) tiles of 128 (256) tokens: more than one a persistent CTA, 3 k-steps"),
     (4133, 4100, 1088, 64, 128, "large M: 561 256-token tiles, several a persistent CTA, M and N past a tile"),
+    (260, 300, 5000, 0, 128, "40 scale blocks a row: past the 32 the wgmma kernel loads ahead of a tile"),
+    (300, 8500, 4160, 64, 128, "large K: 34 scale blocks a row (k_offset 64), 134-201 tiles: the next tile's past 32"),
 ]
 # Each kernel's forced choices (rows_per_cta, k_split, k_unit[, tokens_per_cta]) for gemm_path; 0 = auto. The
 # tensor-core kernel: W rows per CTA, CTAs per tile along K (more than K's groups of 8 units is
