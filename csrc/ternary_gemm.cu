@@ -153,38 +153,37 @@ ternary_dequant_kernel(const uint8_t* __restrict__ packed,  // [N, ldp]
   const bool even_rows = ldp % 2 == 0;  // two code bytes in one aligned load (k0 / 4 is even)
   uint32_t word[CHUNKS];
   unsigned short s0[CHUNKS], s1[CHUNKS];
-  int split[CHUNKS];
+  unsigned n[CHUNKS];
+  int k0[CHUNKS], split[CHUNKS];
 #pragma unroll
   for (int j = 0; j < CHUNKS; ++j) {
     const unsigned i = min(base + j * kDequantThreads, chunks - 1);  // past the end: the last chunk, not stored
-    const unsigned n = i / groups;
-    const int k0 = (int)(i - n * groups) * 8;
-    const uint8_t* prow = packed + (size_t)n * ldp;
-    word[j] = even_rows ? __ldg(reinterpret_cast<const unsigned short*>(prow + k0 / 4))
-                        : prow[k0 / 4] | ((k0 / 4 + 1 < ldp ? (uint32_t)prow[k0 / 4 + 1] : 0u) << 8);
-    const auto [b0, sp] = block_split(k0, 8, k_offset, block_size);
-    const unsigned short* srow = reinterpret_cast<const unsigned short*>(scale) + (size_t)n * lds;
+    n[j] = i / groups;
+    k0[j] = (int)(i - n[j] * groups) * 8;
+    const uint8_t* prow = packed + (size_t)n[j] * ldp;
+    const int kb = k0[j] / 4;  // the chunk's first code byte
+    word[j] = even_rows ? __ldg(reinterpret_cast<const unsigned short*>(prow + kb))
+                        : prow[kb] | ((kb + 1 < ldp ? (uint32_t)prow[kb + 1] : 0u) << 8);
+    const auto [b0, sp] = block_split(k0[j], 8, k_offset, block_size);
+    const unsigned short* srow = reinterpret_cast<const unsigned short*>(scale) + (size_t)n[j] * lds;
     split[j] = sp;
     s0[j] = __ldg(srow + b0);
-    s1[j] = (sp < 8 && k0 + sp < K) ? __ldg(srow + b0 + 1) : 0;
+    s1[j] = (sp < 8 && k0[j] + sp < K) ? __ldg(srow + b0 + 1) : 0;
   }
 #pragma unroll
   for (int j = 0; j < CHUNKS; ++j) {
-    const unsigned i = base + j * kDequantThreads;
-    if (i >= chunks) return;
-    const unsigned n = i / groups;
-    const int k0 = (int)(i - n * groups) * 8;
+    if (base + j * kDequantThreads >= chunks) return;
     const float f0 = scale_from_bits(s0[j]), f1 = scale_from_bits(s1[j]);
     T out[8];
 #pragma unroll
     for (int e = 0; e < 8; ++e) out[e] = Vec<T>::from_float(code_value(word[j], e) * (e < split[j] ? f0 : f1));
-    T* dst = w + (size_t)n * K + k0;
+    T* dst = w + (size_t)n[j] * K + k0[j];
     if (K % 8 == 0) {  // rows 16-byte aligned
       *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(out);
     } else {
 #pragma unroll
       for (int e = 0; e < 8; ++e)
-        if (k0 + e < K) dst[e] = out[e];
+        if (k0[j] + e < K) dst[e] = out[e];
     }
   }
 }

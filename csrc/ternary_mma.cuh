@@ -55,21 +55,24 @@ __device__ __forceinline__ uint32_t and_or(uint32_t a) {
   return d;
 }
 
+// Code byte `k` (0..3) of `word` in both halves of a word: b | b << 16 (the decode's input).
+__device__ __forceinline__ uint32_t byte_twice(uint32_t word, int k) {
+  return __byte_perm(word, 0u, 0x4040u | (uint32_t)k | ((uint32_t)k << 8));
+}
+// The first two weights (the low nibble) of code byte `k` of `word` as a packed pair (w0, w1).
+template <typename T>
+__device__ __forceinline__ uint32_t decode_nibble(uint32_t word, int k) {
+  const uint32_t w = byte_twice(word, k);
+  constexpr uint32_t m0 = MmaTraits<T>::kMagic0;
+  return sub2<T>(and_or<0x00040001u, m0>(w), and_or<0x00040001u, m0>(w >> 1));
+}
 // The four weights of code byte `k` (0..3) of `word` as two packed pairs: lo = (w0, w1), hi = (w2, w3).
 template <typename T>
 __device__ __forceinline__ void decode_byte(uint32_t word, int k, uint32_t& lo, uint32_t& hi) {
-  const uint32_t w = __byte_perm(word, 0u, 0x4040u | (uint32_t)k | ((uint32_t)k << 8));  // b | b << 16
-  const uint32_t w1 = w >> 1;
-  constexpr uint32_t m0 = MmaTraits<T>::kMagic0, m1 = MmaTraits<T>::kMagic1;
-  lo = sub2<T>(and_or<0x00040001u, m0>(w), and_or<0x00040001u, m0>(w1));
-  hi = sub2<T>(and_or<0x00400010u, m1>(w), and_or<0x00400010u, m1>(w1));
-}
-// The first two weights (the low nibble) of code byte `k` of `word` as a packed pair: decode_byte's lo alone.
-template <typename T>
-__device__ __forceinline__ uint32_t decode_nibble(uint32_t word, int k) {
-  const uint32_t w = __byte_perm(word, 0u, 0x4040u | (uint32_t)k | ((uint32_t)k << 8));
-  constexpr uint32_t m0 = MmaTraits<T>::kMagic0;
-  return sub2<T>(and_or<0x00040001u, m0>(w), and_or<0x00040001u, m0>(w >> 1));
+  const uint32_t w = byte_twice(word, k);
+  constexpr uint32_t m1 = MmaTraits<T>::kMagic1;
+  lo = decode_nibble<T>(word, k);
+  hi = sub2<T>(and_or<0x00400010u, m1>(w), and_or<0x00400010u, m1>(w >> 1));
 }
 
 // x2 (a packed pair) * s2, elementwise in T

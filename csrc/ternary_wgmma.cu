@@ -408,6 +408,10 @@ ternary_wgmma_kernel(const __grid_constant__ CUtensorMap x_map,     // x [M, K]:
 #endif  // other targets: never launched (the host checks for an sm_90 device)
 }
 
+// Output tiles of 128 W rows x bm tokens (the kernel's grid-stride loop over them, the host's
+// grid and tile rules)
+long tile_count(int M, int N, int bm) { return (long)((N + kBN - 1) / kBN) * ((M + bm - 1) / bm); }
+
 // The driver's cuTensorMapEncodeTiled, found once through the runtime (no link to libcuda).
 PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
   static const PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
@@ -431,7 +435,7 @@ cudaError_t launch_wgmma_t(const void* x, const uint8_t* packed, const __half* s
   const auto encode = tensor_map_encoder();
   if (encode == nullptr) return cudaErrorNotSupported;
   // x as a 2-D tensor (K innermost, rows K * 2 bytes apart: K % 8 == 0 keeps them 16-byte aligned)
-  // read in boxes of 64 x 128; the TMA writes zeros past M and K.
+  // read in boxes of 64 x BM; the TMA writes zeros past M and K.
   CUtensorMap x_map, code_map;
   const cuuint64_t dims[2] = {(cuuint64_t)K, (cuuint64_t)M}, strides[1] = {(cuuint64_t)K * sizeof(T)};
   const cuuint32_t box[2] = {kBK, BM}, unit[2] = {1, 1};
@@ -446,8 +450,7 @@ cudaError_t launch_wgmma_t(const void* x, const uint8_t* packed, const __half* s
              CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
              CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS)
     return cudaErrorInvalidValue;
-  const long tiles = (long)((N + kBN - 1) / kBN) * ((M + BM - 1) / BM);
-  const dim3 grid((unsigned)std::min<long>(tiles, std::max(sm_count(), 1)));  // persistent: one CTA an SM
+  const dim3 grid((unsigned)std::min<long>(tile_count(M, N, BM), std::max(sm_count(), 1)));  // persistent: one CTA an SM
   kernel<<<grid, kThreads, S::kSmemBytes, stream>>>(x_map, code_map, scale, static_cast<const T*>(bias),
                                                      static_cast<T*>(y), M, N, K, lds, block_size, k_offset);
   return cudaGetLastError();
@@ -474,24 +477,20 @@ bool wgmma_supported() {
 // with fewer (the N = 1024 shapes at M <= 1024: 16-64 tiles of 128 tokens) it lost by up to 2x,
 // and gate_up/tp4 at M 4096 (192 tiles: a second wave of 60) by 17 %.
 bool wgmma_fills_gpu(int M, int N) {
-  const long sms = sm_count();
-  const long tiles = (long)((N + kBN - 1) / kBN) * ((M + 255) / 256);
+  const long sms = sm_count(), tiles = tile_count(M, N, 256);
   if (sms == 0 || 10 * tiles < 9 * sms) return false;
   return tiles / sms >= 3 || tiles % sms == 0 || 2 * (tiles % sms) >= sms;
 }
 
-// Tiles of 256 tokens (4 stages of 34 KB) where they still give at least one CTA per two SMs:
+// Tiles of 256 tokens (4 stages of 34 KB) where they still give at least one tile per two SMs:
 // they hide the decode under the wgmma (decode work per k-step is the W tile's, the same at 128
 // and 256 tokens; measured on the H200: o at M 4096 25.7 us against 35.4 us at 128). Below that
-// (gate_up M 256: 48 CTAs against 96) tiles of 128 tokens (6 stages of 18 KB) and more CTAs.
+// (gate_up M 256: 48 tiles against 96) tiles of 128 tokens (6 stages of 18 KB) and more of them.
 cudaError_t launch_wgmma(bool bf16, const void* x, const uint8_t* packed, const __half* scale, const void* bias,
                          void* y, int M, int N, int K, int ldp, int lds, int block_size, int k_offset,
                          int tokens_per_cta, cudaStream_t stream) {
   if (!wgmma_supported()) return cudaErrorNotSupported;
-  if (tokens_per_cta == 0) {
-    const long ctas256 = (long)((N + kBN - 1) / kBN) * ((M + 255) / 256);
-    tokens_per_cta = 2 * ctas256 >= sm_count() ? 256 : 128;
-  }
+  if (tokens_per_cta == 0) tokens_per_cta = 2 * tile_count(M, N, 256) >= sm_count() ? 256 : 128;
 #define TERNARY_LAUNCH(T, STAGES, BM) \
   launch_wgmma_t<T, STAGES, BM>(x, packed, scale, bias, y, M, N, K, ldp, lds, block_size, k_offset, stream)
   if (tokens_per_cta == 256) return bf16 ? TERNARY_LAUNCH(__nv_bfloat16, 4, 256) : TERNARY_LAUNCH(__half, 4, 256);

@@ -30,6 +30,7 @@ SHAPES = [
     ("qkv/tp4", 1024, 1024), ("o/tp4", 512, 1024), ("gate_up/tp4", 1024, 1536), ("down/tp4", 768, 1024),
 ]
 MS = [1, 8, 16, 64, 256, 1024, 4096, 16384]
+WGMMA_TOKENS = (128, 256)  # the wgmma kernel's tile widths (tokens; 128 W rows each), timed forced
 
 
 def time_graph(fn_list, replays: int) -> float:
@@ -146,8 +147,8 @@ def bench_shape(name, k, n, m, l2_bytes, replays, bs=128):
                           else (None, None))
     # the tiled tensor-core kernel (M >= 64; see the op's dispatch rule): auto tile and each tile
     tiled, tiled_error = checked_times((4, 0), {str(t): (4, t) for t in (0, 64, 128)}) if m >= 64 else (None, None)
-    # the wgmma kernel (sm_90 only; M >= 64): auto tile and each tile of 128 or 256 tokens
-    wgmma, wgmma_error = (checked_times((5, 0), {"0": (5, 0), "128": (5, 128, 0, 0, 128), "256": (5, 128, 0, 0, 256)})
+    # the wgmma kernel (sm_90 only; M >= 64): auto tile and each tile width
+    wgmma, wgmma_error = (checked_times((5, 0), {"0": (5, 0), **{str(t): (5, 128, 0, 0, t) for t in WGMMA_TOKENS}})
                           if m >= 64 and torch.cuda.get_device_capability() == (9, 0) else (None, None))
     # the large-M path's first half alone: how much of the gap to cuBLAS the dequantize is
     t_deq_only = time_graph([lambda i=i: torch.ops.ternary_serve.dequantize(packs[i], scales[i], k, bs, 0,
@@ -238,7 +239,8 @@ def markdown(result: dict) -> str:
     lines += _kernel_table(result["rows"], "tiled", ("64", "128"), ("64-row tile", "128-row tile"),
                            "Tiled tensor-core kernel, M >= 64 (us; auto = its tile rule; the op dispatches it at "
                            "M <= 64 where N >= 1536; `ternary us` above is the op as dispatched):", "Tiled kernel")
-    lines += _kernel_table(result["rows"], "wgmma", ("128", "256"), ("128-token tile", "256-token tile"),
+    lines += _kernel_table(result["rows"], "wgmma", tuple(str(t) for t in WGMMA_TOKENS),
+                           tuple(f"{t}-token tile" for t in WGMMA_TOKENS),
                            "wgmma kernel (sm_90a; 128 W rows x 128 or 256 tokens per CTA, auto by CTA count; the op "
                            "dispatches it from M = TERNARY_WGMMA_MIN_M), M >= 64 (us; `ternary us` above is the op as "
                            "dispatched):", "wgmma kernel")
