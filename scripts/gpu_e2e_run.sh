@@ -35,9 +35,9 @@
 # deadlocked ran into its 300 s limit (~360 s). 1700 of 1800 s in all.
 # Eighth session (nvidia-h200, kernel work only, every call cold, ~40 s of start each): seven
 # calls of scripts/probes/run_probes.sh (the wgmma kernel built and timed outside torch, 7-15 s
-# of wall time, ~60-70 s of device time each), three `setup kernel` calls (carry .whl alone;
+# of wall time, ~60-70 s of device time each), four `setup kernel` calls (carry .whl alone;
 # 120-160 s of wall time, ~180-200 s each) and two `setup` + a subset of the GPU tests (68-80 s
-# of wall time); ~1280 of 1800 s in all.
+# of wall time); ~1460 of 1800 s in all.
 #
 # Everything a stage measures lands in $OUT (at most 8 files come back: JSON results, a log
 # tarball); scripts/bench_e2e.py report merges them here afterwards. The parts of earlier GPU
