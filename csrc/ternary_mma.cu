@@ -46,6 +46,21 @@
 namespace ternary {
 namespace {
 
+// Probe hooks: scripts/probes/mma_probe.cu defines them to time the kernel with programmatic
+// dependent launch (MMA_PDL_TRIGGER at entry, MMA_PDL_WAIT once the first weights are in flight:
+// before the first activation load and before any store) and with one stage left out
+// (MMA_PROBE bits: 1 no activation loads, 2 no mma, 4 no reduction across warps; results then
+// wrong). Empty in the extension: its SASS is the same as without them.
+#ifndef MMA_PDL_TRIGGER
+#define MMA_PDL_TRIGGER()
+#endif
+#ifndef MMA_PDL_WAIT
+#define MMA_PDL_WAIT()
+#endif
+#ifndef MMA_PROBE
+#define MMA_PROBE 0
+#endif
+
 constexpr int kMmaWarps = 8;
 // Weights of K per unit of work (U): 128 (a scale block, 8 mma steps of k16; the default) or 64
 // (half a block, 4 steps: for shards starting 64 weights into a block, and at M 9-16 with short K:
@@ -110,6 +125,7 @@ ternary_mma_kernel(const T* __restrict__ x,            // [M, K]
                    const T* __restrict__ bias,          // [N] or nullptr
                    T* __restrict__ y,                   // [M, N]
                    int M, int N, int K, int ldp, int lds, int block_size, int k_offset) {
+  MMA_PDL_TRIGGER();
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane / 4, t = lane % 4;
   const int n0 = blockIdx.x * 16 * R;
@@ -148,11 +164,19 @@ ternary_mma_kernel(const T* __restrict__ x,            // [M, K]
   // prefetching them too cost 35-65 more registers at NT = 2 and 4.
   WeightStage<R> cur, nxt;
   if (first < nblocks) load_weights<R, U>(cur, prow, srow, first, t, ldp, block_size, k_offset);
+  MMA_PDL_WAIT();
   for (int b = first; b < nblocks; b += stride) {
     if (b + stride < nblocks) load_weights<R, U>(nxt, prow, srow, b + stride, t, ldp, block_size, k_offset);
     uint32_t xf[NT][U / 8];
 #pragma unroll
-    for (int j = 0; j < NT; ++j) load_x<T, U>(xrow[j], b * U + (U / 4) * t, K, vec_ok, xf[j]);
+    for (int j = 0; j < NT; ++j) {
+      if constexpr (MMA_PROBE & 1) {
+#pragma unroll
+        for (int i = 0; i < U / 8; ++i) xf[j][i] = 0x3c003c00u ^ static_cast<uint32_t>(b + i);
+      } else {
+        load_x<T, U>(xrow[j], b * U + (U / 4) * t, K, vec_ok, xf[j]);
+      }
+    }
     const auto& codes = cur.codes;
     const auto& sbits = cur.sbits;
 
@@ -168,7 +192,12 @@ ternary_mma_kernel(const T* __restrict__ x,            // [M, K]
         decode_byte<T>(w0, st & 3, a[0], a[2]);  // row g: cols (2t, 2t+1), (2t+8, 2t+9)
         decode_byte<T>(w8, st & 3, a[1], a[3]);  // row g + 8
 #pragma unroll
-        for (int j = 0; j < NT; ++j) mma<T>(blk[r][j], a, xf[j][2 * st], xf[j][2 * st + 1]);
+        for (int j = 0; j < NT; ++j) {
+          if constexpr (MMA_PROBE & 2)
+            blk[r][j][st & 3] += __uint_as_float((a[0] ^ a[1] ^ a[2] ^ a[3] ^ xf[j][2 * st]) & 0x3fffffffu);
+          else
+            mma<T>(blk[r][j], a, xf[j][2 * st], xf[j][2 * st + 1]);
+        }
       }
     }
 #pragma unroll
@@ -187,6 +216,16 @@ ternary_mma_kernel(const T* __restrict__ x,            // [M, K]
 
   // split-K inside the CTA: warps add their partial tiles in a fixed order
   constexpr int kPerWarp = R * NT * 4 * 32;
+  if constexpr ((MMA_PROBE & 4) != 0 && !kSplit) {  // each warp stores its own partial (racy)
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+      for (int j = 0; j < NT; ++j) {
+        const int n = min(n0 + 16 * r + g, N - 1), m = min(m0 + 8 * j + 2 * t, M - 1);
+        y[(size_t)m * N + n] = Vec<T>::from_float(acc[r][j][0] + acc[r][j][1] + acc[r][j][2] + acc[r][j][3]);
+      }
+    return;
+  }
   __shared__ float red[kMmaWarps][kPerWarp];
 #pragma unroll
   for (int r = 0; r < R; ++r)

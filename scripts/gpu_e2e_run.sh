@@ -6,7 +6,7 @@
 #
 #   bash scripts/gpu_e2e_run.sh setup kernel        # build + install, GPU tests, memcheck, kernel bench
 #   bash scripts/gpu_e2e_run.sh wgmma               # the wgmma kernel's tests, memcheck, bench at M >= 64
-#   bash scripts/probes/run_probes.sh               # the wgmma kernel alone, outside torch (~10 s; no setup)
+#   ORDER="mma floor" bash scripts/probes/run_probes.sh  # kernels alone, outside torch (seconds; no setup)
 #   bash scripts/gpu_e2e_run.sh profile_tiled       # ncu on the tiled kernel (profile: the small-M one)
 #                                                   # (also alone in one call, without the vLLM payload:
 #                                                   #  carry .whl only)

@@ -1,0 +1,187 @@
+// What a small-M call can cost at best in bench_kernel.py's harness, measured without torch or the
+// extension: one CUDA file, built and run on the GPU machine in seconds.
+//
+//   nvcc -std=c++17 -O3 -gencode arch=compute_90a,code=sm_90a scripts/probes/floor_probe.cu \
+//        -o /tmp/floor && /tmp/floor
+//
+// Same method as bench_kernel.time_graph: a CUDA graph of `copies` calls (each on its own buffer,
+// min(64, max(2, ceil(2 x L2 / bytes))) copies, so past L2 from ~1.6 MB on), 5 replays of
+// warm-up, the median of 50 event-timed replays over the calls in the graph. Per call:
+//   empty        an empty kernel (1 CTA of 32 threads; and 528 CTAs of 256)
+//   stream       a kernel that only reads `bytes` (the packed codes + scales of a shape at M = 1),
+//                every 16-byte load of a thread issued before any use, one store per warp: the
+//                best a weight-streaming kernel can do here, with no decode and no math
+//   stream+pdl   the same launched with programmatic stream serialization, triggering its
+//                dependents at entry and waiting (griddepcontrol.wait) only before its store:
+//                successive calls overlap, as they would in this harness if the op used PDL
+//   norm,stream  a call pair: a one-CTA kernel that reads and writes 2 KB (a stand-in for the
+//                RMSNorm before qkv / gate_up; launched plainly, it never triggers), then stream;
+//                with pdl, stream is launched with programmatic serialization and loads its bytes
+//                before griddepcontrol.wait: what PDL could give in a model's graph
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <vector>
+
+#define CHECK(call)                                                                     \
+  do {                                                                                  \
+    cudaError_t e_ = (call);                                                            \
+    if (e_ != cudaSuccess) {                                                            \
+      std::printf("%s:%d %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(e_)); \
+      std::exit(1);                                                                     \
+    }                                                                                   \
+  } while (0)
+
+__global__ void empty_kernel() {}
+
+// One-CTA stand-in for an RMSNorm at M = 1 (hidden 1024, bf16): 2 KB in, 2 KB out.
+__global__ void norm_kernel(const uint4* __restrict__ src, uint4* __restrict__ dst) {
+  uint4 v = src[threadIdx.x];
+  v.x ^= 0x5a5a5a5a;
+  dst[threadIdx.x] = v;
+}
+
+template <int PER, bool PDL>
+__global__ void __launch_bounds__(256) stream_kernel(const uint4* __restrict__ src, long n16, unsigned* out) {
+  if (PDL) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+  const long base = static_cast<long>(blockIdx.x) * blockDim.x * PER + threadIdx.x;
+  uint4 v[PER];
+#pragma unroll
+  for (int i = 0; i < PER; ++i) {
+    const long j = base + static_cast<long>(i) * blockDim.x;
+    v[i] = j < n16 ? __ldg(src + j) : make_uint4(0, 0, 0, 0);
+  }
+  unsigned acc = 0;
+#pragma unroll
+  for (int i = 0; i < PER; ++i) acc ^= v[i].x ^ v[i].y ^ v[i].z ^ v[i].w;
+#pragma unroll
+  for (int o = 16; o; o >>= 1) acc ^= __shfl_xor_sync(0xffffffffu, acc, o);
+  if (PDL) asm volatile("griddepcontrol.wait;" ::: "memory");
+  if (threadIdx.x % 32 == 0) out[blockIdx.x * 8 + threadIdx.x / 32] = acc;
+}
+
+using StreamFn = void (*)(const uint4*, long, unsigned*);
+
+template <int PER>
+static StreamFn stream_fn(bool pdl) {
+  return pdl ? stream_kernel<PER, true> : stream_kernel<PER, false>;
+}
+
+struct Bufs {
+  std::vector<uint4*> src;
+  std::vector<unsigned*> out;
+  uint4 *norm_in = nullptr, *norm_out = nullptr;
+};
+
+static void launch_stream(cudaStream_t s, StreamFn fn, int per, const uint4* src, long n16, unsigned* out, bool pdl) {
+  const long grid = std::max<long>(1, (n16 + 256L * per - 1) / (256L * per));
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(static_cast<unsigned>(grid));
+  cfg.blockDim = dim3(256);
+  cfg.stream = s;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = pdl ? attr : nullptr;
+  cfg.numAttrs = pdl ? 1 : 0;
+  CHECK(cudaLaunchKernelEx(&cfg, fn, src, n16, out));
+}
+
+// Median us per call of a graph that makes `copies` calls; `call(s, i)` enqueues call i.
+template <typename Call>
+static double time_graph(cudaStream_t s, int copies, Call call) {
+  cudaGraph_t g;
+  cudaGraphExec_t ge;
+  for (int i = 0; i < copies; ++i) call(s, i);  // warm-up outside the graph
+  CHECK(cudaStreamSynchronize(s));
+  CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+  for (int i = 0; i < copies; ++i) call(s, i);
+  CHECK(cudaStreamEndCapture(s, &g));
+  CHECK(cudaGraphInstantiate(&ge, g, 0));
+  for (int r = 0; r < 5; ++r) CHECK(cudaGraphLaunch(ge, s));
+  cudaEvent_t a, b;
+  CHECK(cudaEventCreate(&a));
+  CHECK(cudaEventCreate(&b));
+  std::vector<double> t;
+  for (int r = 0; r < 50; ++r) {
+    CHECK(cudaEventRecord(a, s));
+    CHECK(cudaGraphLaunch(ge, s));
+    CHECK(cudaEventRecord(b, s));
+    CHECK(cudaEventSynchronize(b));
+    float ms = 0;
+    CHECK(cudaEventElapsedTime(&ms, a, b));
+    t.push_back(ms * 1000.0 / copies);
+  }
+  CHECK(cudaGraphExecDestroy(ge));
+  CHECK(cudaGraphDestroy(g));
+  std::sort(t.begin(), t.end());
+  return t[t.size() / 2];
+}
+
+int main() {
+  cudaDeviceProp prop;
+  CHECK(cudaGetDeviceProperties(&prop, 0));
+  const long l2 = prop.l2CacheSize;
+  std::printf("%s, %d SMs, L2 %ld MB\n", prop.name, prop.multiProcessorCount, l2 >> 20);
+  cudaStream_t s;
+  CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+
+  std::printf("empty kernel, 1 CTA x 32: %.3f us/call\n",
+              time_graph(s, 64, [](cudaStream_t st, int) { empty_kernel<<<1, 32, 0, st>>>(); }));
+  std::printf("empty kernel, 528 CTAs x 256: %.3f us/call\n",
+              time_graph(s, 64, [](cudaStream_t st, int) { empty_kernel<<<528, 256, 0, st>>>(); }));
+
+  // (name, K, N) of bench_kernel's shapes; bytes = packed codes + fp16 scales (M = 1 weights).
+  struct Shape { const char* name; long k, n; };
+  const Shape shapes[] = {{"o/tp4", 512, 1024},  {"qkv/tp4", 1024, 1024}, {"gate_up/tp4", 1024, 1536},
+                          {"down/tp4", 768, 1024}, {"o", 2048, 1024},      {"down", 3072, 1024},
+                          {"qkv", 1024, 4096},   {"gate_up", 1024, 6144}, {"gate_up bf16", -1024, 6144}};
+  const long max_bytes = 1024L * 6144 * 2;
+  uint4* norm_in;
+  uint4* norm_out;
+  CHECK(cudaMalloc(&norm_in, 2048));
+  CHECK(cudaMalloc(&norm_out, 2048));
+  CHECK(cudaMemset(norm_in, 1, 2048));
+  std::vector<uint4*> src(64);
+  std::vector<unsigned*> out(64);
+  for (int i = 0; i < 64; ++i) {
+    CHECK(cudaMalloc(&src[i], max_bytes));
+    CHECK(cudaMemset(src[i], i, max_bytes));
+    CHECK(cudaMalloc(&out[i], 1 << 16));
+  }
+  const double norm_us = time_graph(s, 64, [&](cudaStream_t st, int) { norm_kernel<<<1, 128, 0, st>>>(norm_in, norm_out); });
+  std::printf("norm stand-in alone: %.3f us/call\n\n", norm_us);
+  std::printf("| shape | MB | copies | stream us (per 1/2/4 loads a thread) | stream+pdl us | norm,stream us | norm,stream+pdl us | best stream GB/s |\n");
+  std::printf("|---|---|---|---|---|---|---|---|\n");
+  for (const Shape& sh : shapes) {
+    const long bytes = sh.k > 0 ? sh.n * (sh.k / 4) + sh.n * ((sh.k + 127) / 128) * 2 : sh.n * -sh.k * 2;
+    const long n16 = bytes / 16;
+    const int copies = static_cast<int>(std::min<long>(64, std::max<long>(2, (2 * l2 + bytes - 1) / bytes)));
+    double plain[3], best = 1e30, best_pdl = 1e30, pair = 1e30, pair_pdl = 1e30;
+    const int pers[3] = {1, 2, 4};
+    for (int pi = 0; pi < 3; ++pi) {
+      const int per = pers[pi];
+      const StreamFn f = per == 1 ? stream_fn<1>(false) : per == 2 ? stream_fn<2>(false) : stream_fn<4>(false);
+      const StreamFn fp = per == 1 ? stream_fn<1>(true) : per == 2 ? stream_fn<2>(true) : stream_fn<4>(true);
+      plain[pi] = time_graph(s, copies, [&](cudaStream_t st, int i) { launch_stream(st, f, per, src[i], n16, out[i], false); });
+      best = std::min(best, plain[pi]);
+      best_pdl = std::min(best_pdl, time_graph(s, copies, [&](cudaStream_t st, int i) {
+        launch_stream(st, fp, per, src[i], n16, out[i], true);
+      }));
+      pair = std::min(pair, time_graph(s, copies, [&](cudaStream_t st, int i) {
+        norm_kernel<<<1, 128, 0, st>>>(norm_in, norm_out);
+        launch_stream(st, f, per, src[i], n16, out[i], false);
+      }));
+      pair_pdl = std::min(pair_pdl, time_graph(s, copies, [&](cudaStream_t st, int i) {
+        norm_kernel<<<1, 128, 0, st>>>(norm_in, norm_out);
+        launch_stream(st, fp, per, src[i], n16, out[i], true);
+      }));
+    }
+    std::printf("| %s | %.3f | %d | %.3f / %.3f / %.3f | %.3f | %.3f | %.3f | %.0f |\n", sh.name, bytes / 1e6, copies,
+                plain[0], plain[1], plain[2], best_pdl, pair, pair_pdl, bytes / (best * 1e-6) / 1e9);
+  }
+  CHECK(cudaDeviceSynchronize());
+  return 0;
+}
