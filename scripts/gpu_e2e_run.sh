@@ -38,6 +38,9 @@
 # of wall time, ~60-70 s of device time each), four `setup kernel` calls (carry .whl alone;
 # 120-160 s of wall time, ~180-200 s each) and two `setup` + a subset of the GPU tests (68-80 s
 # of wall time); ~1460 of 1800 s in all.
+# Ninth session (nvidia-h200, 337 s of device time left to it): one call of floor_probe.cu
+# (4 s of wall time, ~35 s of device time) and one of run_probes.sh with five mma_probe
+# variants (52 s of wall time, ~115 s); the lease was given back after each.
 #
 # Everything a stage measures lands in $OUT (at most 8 files come back: JSON results, a log
 # tarball); scripts/bench_e2e.py report merges them here afterwards. The parts of earlier GPU
