@@ -5,6 +5,7 @@ it: an optional Bearer key (401), a body-size bound (413), an input-count bound 
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import json
 from typing import Optional
@@ -94,6 +95,10 @@ class TernaryIngress(OpenAiIngress):
     """OpenAI ingress with a health route that asks every model's replicas, and a full
     replica queue answered as an OpenAI error with Retry-After."""
 
+    # /health answers within this even while no replica can take the check (an engine still
+    # loading, a replica being replaced): a load balancer's probe gets a 503, not a hang.
+    HEALTH_TIMEOUT_S = 5.0
+
     async def embeddings(self, body: EmbeddingRequest, request: Request) -> Response:
         try:
             return await super().embeddings(body, request)
@@ -102,12 +107,18 @@ class TernaryIngress(OpenAiIngress):
                                 headers={"Retry-After": RETRY_AFTER_S})
 
     async def health(self) -> JSONResponse:
-        failures = {}
-        for model_id, handle in self._default_serve_handles.items():
+        async def check(handle) -> Optional[str]:
             try:
-                await handle.check_health.remote()
+                await asyncio.wait_for(handle.check_health.remote(), self.HEALTH_TIMEOUT_S)
+            except asyncio.TimeoutError:
+                return f"no replica answered the health check within {self.HEALTH_TIMEOUT_S:g} s (starting or replaced?)"
             except Exception as exc:  # any failure of the replica's check is "unhealthy", by design
-                failures[model_id] = f"{type(exc).__name__}: {exc}"
+                return f"{type(exc).__name__}: {exc}"
+            return None
+
+        handles = self._default_serve_handles
+        results = await asyncio.gather(*(check(handle) for handle in handles.values()))
+        failures = {model_id: problem for model_id, problem in zip(handles, results) if problem is not None}
         if failures:
             return JSONResponse({"status": "unhealthy", "models": failures}, status_code=503)
         return JSONResponse({"status": "ok"})
