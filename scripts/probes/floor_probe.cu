@@ -18,9 +18,22 @@
 //                RMSNorm before qkv / gate_up; launched plainly, it never triggers), then stream;
 //                with pdl, stream is launched with programmatic serialization and loads its bytes
 //                before griddepcontrol.wait: what PDL could give in a model's graph
+// A second table reads the same bytes the way the small-M kernel (csrc/ternary_mma.cu, M = 1:
+// 16 W rows a CTA, 8 warps taking the 128-weight blocks round-robin, thread (g, t) reading 8
+// code bytes of rows g and g + 8 and their 2-byte scales) does, adding its stages one by one,
+// with no decode and no math (XOR instead): which part of the kernel's time above `stream` is
+// the access pattern and which the chain of stages.
+//   codes         the 8-byte code loads alone, a store per warp
+//   +scales       and the 2-byte scale loads
+//   +x            and the activation loads (64 bytes a thread per block, token 0, from L2)
+//   +reduce       and the cross-warp reduction through shared memory, a barrier, one store
+//                 per W row: the kernel's chain without decode and mma
+// (Where a warp has several blocks, K > 1024, these walk them without the kernel's prefetch of
+// the next block and without its split along K: compare on K <= 1024 first.)
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <vector>
@@ -61,6 +74,49 @@ __global__ void __launch_bounds__(256) stream_kernel(const uint4* __restrict__ s
   if (PDL) asm volatile("griddepcontrol.wait;" ::: "memory");
   if (threadIdx.x % 32 == 0) out[blockIdx.x * 8 + threadIdx.x / 32] = acc;
 }
+
+// The small-M kernel's access pattern at M = 1 (see the header); STAGE 0 codes, 1 +scales,
+// 2 +x, 3 +reduce. Loads of a block are all issued before any use, as in the kernel.
+template <int STAGE>
+__global__ void __launch_bounds__(256) pattern_kernel(const uint8_t* __restrict__ codes, const uint16_t* __restrict__ sc,
+                                                      const uint4* __restrict__ x, int K, unsigned* out) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  const int ldp = K / 4, lds = K / 128, nblocks = K / 128;
+  const int n0 = blockIdx.x * 16;
+  const uint8_t* row0 = codes + static_cast<size_t>(n0 + g) * ldp;
+  const uint8_t* row8 = row0 + static_cast<size_t>(8) * ldp;
+  unsigned acc = 0;
+  for (int b = warp; b < nblocks; b += 8) {
+    const uint2 c0 = __ldg(reinterpret_cast<const uint2*>(row0 + b * 32 + 8 * t));
+    const uint2 c8 = __ldg(reinterpret_cast<const uint2*>(row8 + b * 32 + 8 * t));
+    unsigned v = c0.x ^ c0.y ^ c8.x ^ c8.y;
+    if (STAGE >= 1) v ^= __ldg(sc + static_cast<size_t>(n0 + g) * lds + b) ^ __ldg(sc + static_cast<size_t>(n0 + g + 8) * lds + b);
+    if (STAGE >= 2) {
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {  // 32 activations = 64 bytes of token 0
+        const uint4 xv = __ldg(x + (b * 128 + 32 * t) / 8 + j);
+        v ^= xv.x ^ xv.y ^ xv.z ^ xv.w;
+      }
+    }
+    acc ^= v;
+  }
+  if (STAGE < 3) {
+    if (lane == 0) out[blockIdx.x * 8 + warp] = acc;
+    return;
+  }
+  __shared__ unsigned red[8][32];
+  red[warp][lane] = acc;
+  __syncthreads();
+  if (threadIdx.x < 16) {  // one output per W row, summed over the warps in a fixed order
+    unsigned v = 0;
+#pragma unroll
+    for (int w = 0; w < 8; ++w) v ^= red[w][(threadIdx.x % 8) * 4] ^ red[w][(threadIdx.x % 8) * 4 + 1];
+    out[blockIdx.x * 16 + threadIdx.x] = v;
+  }
+}
+
+using PatternFn = void (*)(const uint8_t*, const uint16_t*, const uint4*, int, unsigned*);
+constexpr PatternFn kPatterns[4] = {pattern_kernel<0>, pattern_kernel<1>, pattern_kernel<2>, pattern_kernel<3>};
 
 using StreamFn = void (*)(const uint4*, long, unsigned*);
 
@@ -182,6 +238,29 @@ int main() {
     std::printf("| %s | %.3f | %d | %.3f / %.3f / %.3f | %.3f | %.3f | %.3f | %.0f |\n", sh.name, bytes / 1e6, copies,
                 plain[0], plain[1], plain[2], best_pdl, pair, pair_pdl, bytes / (best * 1e-6) / 1e9);
   }
+
+  // The small-M kernel's access pattern (second table in the header): codes and scales of each
+  // copy in one buffer (codes first, scales after them), x (token 0) one shared 6 KB buffer.
+  uint4* xbuf;
+  CHECK(cudaMalloc(&xbuf, 3072 * 2));
+  CHECK(cudaMemset(xbuf, 3, 3072 * 2));
+  std::printf("\nThe small-M kernel's access pattern at M = 1 (us per call; no decode, no math):\n\n");
+  std::printf("| shape | stream | codes | +scales | +x | +reduce |\n|---|---|---|---|---|---|\n");
+  for (const Shape& sh : shapes) {
+    if (sh.k < 0) continue;
+    const long cbytes = sh.n * (sh.k / 4), bytes = cbytes + sh.n * (sh.k / 128) * 2;
+    const int copies = static_cast<int>(std::min<long>(64, std::max<long>(2, (2 * l2 + bytes - 1) / bytes)));
+    const int k = static_cast<int>(sh.k), grid = static_cast<int>(sh.n / 16);
+    double t[5];
+    t[0] = time_graph(s, copies, [&](cudaStream_t st, int i) { launch_stream(st, stream_fn<1>(false), 1, src[i], bytes / 16, out[i], false); });
+    for (int v = 0; v < 4; ++v)
+      t[v + 1] = time_graph(s, copies, [&](cudaStream_t st, int i) {
+        const uint8_t* c = reinterpret_cast<const uint8_t*>(src[i]);
+        kPatterns[v]<<<grid, 256, 0, st>>>(c, reinterpret_cast<const uint16_t*>(c + cbytes), xbuf, k, out[i]);
+      });
+    std::printf("| %s | %.3f | %.3f | %.3f | %.3f | %.3f |\n", sh.name, t[0], t[1], t[2], t[3], t[4]);
+  }
+  CHECK(cudaGetLastError());
   CHECK(cudaDeviceSynchronize());
   return 0;
 }
