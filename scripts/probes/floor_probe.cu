@@ -38,14 +38,7 @@
 #include <cstdlib>
 #include <vector>
 
-#define CHECK(call)                                                                     \
-  do {                                                                                  \
-    cudaError_t e_ = (call);                                                            \
-    if (e_ != cudaSuccess) {                                                            \
-      std::printf("%s:%d %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(e_)); \
-      std::exit(1);                                                                     \
-    }                                                                                   \
-  } while (0)
+#include "probe_util.cuh"
 
 __global__ void empty_kernel() {}
 
@@ -125,12 +118,6 @@ static StreamFn stream_fn(bool pdl) {
   return pdl ? stream_kernel<PER, true> : stream_kernel<PER, false>;
 }
 
-struct Bufs {
-  std::vector<uint4*> src;
-  std::vector<unsigned*> out;
-  uint4 *norm_in = nullptr, *norm_out = nullptr;
-};
-
 static void launch_stream(cudaStream_t s, StreamFn fn, int per, const uint4* src, long n16, unsigned* out, bool pdl) {
   const long grid = std::max<long>(1, (n16 + 256L * per - 1) / (256L * per));
   cudaLaunchConfig_t cfg = {};
@@ -143,37 +130,6 @@ static void launch_stream(cudaStream_t s, StreamFn fn, int per, const uint4* src
   cfg.attrs = pdl ? attr : nullptr;
   cfg.numAttrs = pdl ? 1 : 0;
   CHECK(cudaLaunchKernelEx(&cfg, fn, src, n16, out));
-}
-
-// Median us per call of a graph that makes `copies` calls; `call(s, i)` enqueues call i.
-template <typename Call>
-static double time_graph(cudaStream_t s, int copies, Call call) {
-  cudaGraph_t g;
-  cudaGraphExec_t ge;
-  for (int i = 0; i < copies; ++i) call(s, i);  // warm-up outside the graph
-  CHECK(cudaStreamSynchronize(s));
-  CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
-  for (int i = 0; i < copies; ++i) call(s, i);
-  CHECK(cudaStreamEndCapture(s, &g));
-  CHECK(cudaGraphInstantiate(&ge, g, 0));
-  for (int r = 0; r < 5; ++r) CHECK(cudaGraphLaunch(ge, s));
-  cudaEvent_t a, b;
-  CHECK(cudaEventCreate(&a));
-  CHECK(cudaEventCreate(&b));
-  std::vector<double> t;
-  for (int r = 0; r < 50; ++r) {
-    CHECK(cudaEventRecord(a, s));
-    CHECK(cudaGraphLaunch(ge, s));
-    CHECK(cudaEventRecord(b, s));
-    CHECK(cudaEventSynchronize(b));
-    float ms = 0;
-    CHECK(cudaEventElapsedTime(&ms, a, b));
-    t.push_back(ms * 1000.0 / copies);
-  }
-  CHECK(cudaGraphExecDestroy(ge));
-  CHECK(cudaGraphDestroy(g));
-  std::sort(t.begin(), t.end());
-  return t[t.size() / 2];
 }
 
 int main() {
@@ -214,7 +170,7 @@ int main() {
   for (const Shape& sh : shapes) {
     const long bytes = sh.k > 0 ? sh.n * (sh.k / 4) + sh.n * ((sh.k + 127) / 128) * 2 : sh.n * -sh.k * 2;
     const long n16 = bytes / 16;
-    const int copies = static_cast<int>(std::min<long>(64, std::max<long>(2, (2 * l2 + bytes - 1) / bytes)));
+    const int copies = rotating_copies(l2, bytes);
     double plain[3], best = 1e30, best_pdl = 1e30, pair = 1e30, pair_pdl = 1e30;
     const int pers[3] = {1, 2, 4};
     for (int pi = 0; pi < 3; ++pi) {
@@ -249,7 +205,7 @@ int main() {
   for (const Shape& sh : shapes) {
     if (sh.k < 0) continue;
     const long cbytes = sh.n * (sh.k / 4), bytes = cbytes + sh.n * (sh.k / 128) * 2;
-    const int copies = static_cast<int>(std::min<long>(64, std::max<long>(2, (2 * l2 + bytes - 1) / bytes)));
+    const int copies = rotating_copies(l2, bytes);
     const int k = static_cast<int>(sh.k), grid = static_cast<int>(sh.n / 16);
     double t[5];
     t[0] = time_graph(s, copies, [&](cudaStream_t st, int i) { launch_stream(st, stream_fn<1>(false), 1, src[i], bytes / 16, out[i], false); });

@@ -33,15 +33,7 @@
 #define MMA_PDL_WAIT() asm volatile("griddepcontrol.wait;" ::: "memory")
 #endif
 #include "../../csrc/ternary_mma.cu"
-
-#define CHECK(call)                                                                     \
-  do {                                                                                  \
-    cudaError_t e_ = (call);                                                            \
-    if (e_ != cudaSuccess) {                                                            \
-      std::printf("%s:%d %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(e_)); \
-      std::exit(1);                                                                     \
-    }                                                                                   \
-  } while (0)
+#include "probe_util.cuh"
 
 using bf16 = __nv_bfloat16;
 #ifdef PDL
@@ -93,38 +85,6 @@ static void gemm(const bf16* x, const uint8_t* p, const __half* s, bf16* y, int 
   if (M <= 8) return launch_t<1, 128>(x, p, s, y, M, N, K, st);
   if (K <= 1024) return launch_t<2, 64>(x, p, s, y, M, N, K, st);
   launch_t<2, 128>(x, p, s, y, M, N, K, st);
-}
-
-template <typename Call>
-static double time_graph(cudaStream_t s, int copies, Call call) {
-  cudaGraph_t g;
-  cudaGraphExec_t ge;
-  for (int i = 0; i < copies; ++i) call(s, i);
-  CHECK(cudaStreamSynchronize(s));
-  CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
-  for (int i = 0; i < copies; ++i) call(s, i);
-  CHECK(cudaStreamEndCapture(s, &g));
-  CHECK(cudaGraphInstantiate(&ge, g, 0));
-  for (int r = 0; r < 5; ++r) CHECK(cudaGraphLaunch(ge, s));
-  cudaEvent_t a, b;
-  CHECK(cudaEventCreate(&a));
-  CHECK(cudaEventCreate(&b));
-  std::vector<double> t;
-  for (int r = 0; r < 50; ++r) {
-    CHECK(cudaEventRecord(a, s));
-    CHECK(cudaGraphLaunch(ge, s));
-    CHECK(cudaEventRecord(b, s));
-    CHECK(cudaEventSynchronize(b));
-    float ms = 0;
-    CHECK(cudaEventElapsedTime(&ms, a, b));
-    t.push_back(ms * 1000.0 / copies);
-  }
-  CHECK(cudaGraphExecDestroy(ge));
-  CHECK(cudaGraphDestroy(g));
-  CHECK(cudaEventDestroy(a));
-  CHECK(cudaEventDestroy(b));
-  std::sort(t.begin(), t.end());
-  return t[t.size() / 2];
 }
 
 static float bf16_to_float(uint16_t b) {
@@ -180,7 +140,7 @@ int main() {
     for (int M : ms) {
       const int K = sh.k, N = sh.n;
       const long wbytes = (long)N * (K / 4) + (long)N * (K / 128) * 2, xbytes = (long)M * K * 2;
-      const int copies = static_cast<int>(std::min<long>(64, std::max<long>(2, (2 * l2 + wbytes + xbytes - 1) / (wbytes + xbytes))));
+      const int copies = rotating_copies(l2, wbytes + xbytes);
       std::vector<uint8_t> hp((size_t)N * (K / 4));
       for (auto& b : hp) b = static_cast<uint8_t>((rand() % 3) | (rand() % 3) << 2 | (rand() % 3) << 4 | (rand() % 3) << 6);
       std::vector<__half> hs((size_t)N * (K / 128));

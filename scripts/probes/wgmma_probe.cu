@@ -41,15 +41,7 @@ __shared__ long long s_events[6][64];
 #endif
 
 #include "../../csrc/ternary_wgmma.cu"
-
-#define CHECK(call)                                                                     \
-  do {                                                                                  \
-    cudaError_t e_ = (call);                                                            \
-    if (e_ != cudaSuccess) {                                                            \
-      std::printf("%s:%d %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(e_)); \
-      std::exit(1);                                                                     \
-    }                                                                                   \
-  } while (0)
+#include "probe_util.cuh"
 
 // The tile of bm tokens (auto: 256 where that gives at least one CTA per two SMs).
 static cudaError_t launch_bm(int bm, const void* x, const uint8_t* p, const void* sc, void* y, int M, int N, int K,

@@ -1,0 +1,60 @@
+// What the probes share: CHECK (a CUDA call that must succeed, else the probe stops and names
+// it) and bench_kernel.py's timing method, for probes that time calls the way the benchmark does.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <vector>
+
+#define CHECK(call)                                                                     \
+  do {                                                                                  \
+    cudaError_t e_ = (call);                                                            \
+    if (e_ != cudaSuccess) {                                                            \
+      std::printf("%s:%d %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(e_)); \
+      std::exit(1);                                                                     \
+    }                                                                                   \
+  } while (0)
+
+// How many copies of `bytes` (weights + activations of one call) the graph rotates through:
+// bench_kernel's min(64, max(2, ceil(2 x L2 / bytes))), past L2 from ~1.9 MB a call.
+inline int rotating_copies(long l2_bytes, long bytes) {
+  return static_cast<int>(std::min<long>(64, std::max<long>(2, (2 * l2_bytes + bytes - 1) / bytes)));
+}
+
+// bench_kernel.time_graph: median us per call of a CUDA graph that makes `copies` calls
+// (`call(stream, i)` enqueues call i), after one eager pass and 5 replays of warm-up; 50 replays
+// timed with CUDA events.
+template <typename Call>
+double time_graph(cudaStream_t s, int copies, Call call) {
+  cudaGraph_t g;
+  cudaGraphExec_t ge;
+  for (int i = 0; i < copies; ++i) call(s, i);
+  CHECK(cudaStreamSynchronize(s));
+  CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+  for (int i = 0; i < copies; ++i) call(s, i);
+  CHECK(cudaStreamEndCapture(s, &g));
+  CHECK(cudaGraphInstantiate(&ge, g, 0));
+  for (int r = 0; r < 5; ++r) CHECK(cudaGraphLaunch(ge, s));
+  cudaEvent_t a, b;
+  CHECK(cudaEventCreate(&a));
+  CHECK(cudaEventCreate(&b));
+  std::vector<double> t;
+  for (int r = 0; r < 50; ++r) {
+    CHECK(cudaEventRecord(a, s));
+    CHECK(cudaGraphLaunch(ge, s));
+    CHECK(cudaEventRecord(b, s));
+    CHECK(cudaEventSynchronize(b));
+    float ms = 0;
+    CHECK(cudaEventElapsedTime(&ms, a, b));
+    t.push_back(ms * 1000.0 / copies);
+  }
+  CHECK(cudaGraphExecDestroy(ge));
+  CHECK(cudaGraphDestroy(g));
+  CHECK(cudaEventDestroy(a));
+  CHECK(cudaEventDestroy(b));
+  std::sort(t.begin(), t.end());
+  return t[t.size() / 2];
+}
