@@ -71,8 +71,9 @@ __global__ void __launch_bounds__(256) stream_kernel(const uint4* __restrict__ s
 // The small-M kernel's access pattern at M = 1 (see the header); STAGE 0 codes, 1 +scales,
 // 2 +x, 3 +reduce. Loads of a block are all issued before any use, as in the kernel.
 template <int STAGE>
-__global__ void __launch_bounds__(256) pattern_kernel(const uint8_t* __restrict__ codes, const uint16_t* __restrict__ sc,
-                                                      const uint4* __restrict__ x, int K, unsigned* out) {
+__global__ void __launch_bounds__(256)
+pattern_kernel(const uint8_t* __restrict__ codes, const uint16_t* __restrict__ sc, const uint4* __restrict__ x, int K,
+               unsigned* out) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   const int ldp = K / 4, lds = K / 128, nblocks = K / 128;
   const int n0 = blockIdx.x * 16;
@@ -83,7 +84,8 @@ __global__ void __launch_bounds__(256) pattern_kernel(const uint8_t* __restrict_
     const uint2 c0 = __ldg(reinterpret_cast<const uint2*>(row0 + b * 32 + 8 * t));
     const uint2 c8 = __ldg(reinterpret_cast<const uint2*>(row8 + b * 32 + 8 * t));
     unsigned v = c0.x ^ c0.y ^ c8.x ^ c8.y;
-    if (STAGE >= 1) v ^= __ldg(sc + static_cast<size_t>(n0 + g) * lds + b) ^ __ldg(sc + static_cast<size_t>(n0 + g + 8) * lds + b);
+    if (STAGE >= 1)
+      v ^= __ldg(sc + static_cast<size_t>(n0 + g) * lds + b) ^ __ldg(sc + static_cast<size_t>(n0 + g + 8) * lds + b);
     if (STAGE >= 2) {
 #pragma unroll
       for (int j = 0; j < 4; ++j) {  // 32 activations = 64 bytes of token 0
@@ -124,9 +126,7 @@ static void launch_stream(cudaStream_t s, StreamFn fn, int per, const uint4* src
   cfg.gridDim = dim3(static_cast<unsigned>(grid));
   cfg.blockDim = dim3(256);
   cfg.stream = s;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchAttribute attr[1] = {pdl_attribute()};
   cfg.attrs = pdl ? attr : nullptr;
   cfg.numAttrs = pdl ? 1 : 0;
   CHECK(cudaLaunchKernelEx(&cfg, fn, src, n16, out));
@@ -145,12 +145,7 @@ int main() {
   std::printf("empty kernel, 528 CTAs x 256: %.3f us/call\n",
               time_graph(s, 64, [](cudaStream_t st, int) { empty_kernel<<<528, 256, 0, st>>>(); }));
 
-  // (name, K, N) of bench_kernel's shapes; bytes = packed codes + fp16 scales (M = 1 weights).
-  struct Shape { const char* name; long k, n; };
-  const Shape shapes[] = {{"o/tp4", 512, 1024},  {"qkv/tp4", 1024, 1024}, {"gate_up/tp4", 1024, 1536},
-                          {"down/tp4", 768, 1024}, {"o", 2048, 1024},      {"down", 3072, 1024},
-                          {"qkv", 1024, 4096},   {"gate_up", 1024, 6144}, {"gate_up bf16", -1024, 6144}};
-  const long max_bytes = 1024L * 6144 * 2;
+  const long max_bytes = 1024L * 6144 * 2;  // gate_up's bf16 weight, the largest read here
   uint4* norm_in;
   uint4* norm_out;
   CHECK(cudaMalloc(&norm_in, 2048));
@@ -163,12 +158,15 @@ int main() {
     CHECK(cudaMemset(src[i], i, max_bytes));
     CHECK(cudaMalloc(&out[i], 1 << 16));
   }
-  const double norm_us = time_graph(s, 64, [&](cudaStream_t st, int) { norm_kernel<<<1, 128, 0, st>>>(norm_in, norm_out); });
+  const double norm_us =
+      time_graph(s, 64, [&](cudaStream_t st, int) { norm_kernel<<<1, 128, 0, st>>>(norm_in, norm_out); });
   std::printf("norm stand-in alone: %.3f us/call\n\n", norm_us);
-  std::printf("| shape | MB | copies | stream us (per 1/2/4 loads a thread) | stream+pdl us | norm,stream us | norm,stream+pdl us | best stream GB/s |\n");
+  std::printf("| shape | MB | copies | stream us (per 1/2/4 loads a thread) | stream+pdl us | norm,stream us | "
+              "norm,stream+pdl us | best stream GB/s |\n");
   std::printf("|---|---|---|---|---|---|---|---|\n");
-  for (const Shape& sh : shapes) {
-    const long bytes = sh.k > 0 ? sh.n * (sh.k / 4) + sh.n * ((sh.k + 127) / 128) * 2 : sh.n * -sh.k * 2;
+  // Each shape's packed codes + scales (the weights a call reads at M = 1), then gate_up's bf16
+  // weight (what cuBLAS reads).
+  auto stream_row = [&](const char* name, long bytes) {
     const long n16 = bytes / 16;
     const int copies = rotating_copies(l2, bytes);
     double plain[3], best = 1e30, best_pdl = 1e30, pair = 1e30, pair_pdl = 1e30;
@@ -177,7 +175,9 @@ int main() {
       const int per = pers[pi];
       const StreamFn f = per == 1 ? stream_fn<1>(false) : per == 2 ? stream_fn<2>(false) : stream_fn<4>(false);
       const StreamFn fp = per == 1 ? stream_fn<1>(true) : per == 2 ? stream_fn<2>(true) : stream_fn<4>(true);
-      plain[pi] = time_graph(s, copies, [&](cudaStream_t st, int i) { launch_stream(st, f, per, src[i], n16, out[i], false); });
+      plain[pi] = time_graph(s, copies, [&](cudaStream_t st, int i) {
+        launch_stream(st, f, per, src[i], n16, out[i], false);
+      });
       best = std::min(best, plain[pi]);
       best_pdl = std::min(best_pdl, time_graph(s, copies, [&](cudaStream_t st, int i) {
         launch_stream(st, fp, per, src[i], n16, out[i], true);
@@ -191,9 +191,11 @@ int main() {
         launch_stream(st, fp, per, src[i], n16, out[i], true);
       }));
     }
-    std::printf("| %s | %.3f | %d | %.3f / %.3f / %.3f | %.3f | %.3f | %.3f | %.0f |\n", sh.name, bytes / 1e6, copies,
+    std::printf("| %s | %.3f | %d | %.3f / %.3f / %.3f | %.3f | %.3f | %.3f | %.0f |\n", name, bytes / 1e6, copies,
                 plain[0], plain[1], plain[2], best_pdl, pair, pair_pdl, bytes / (best * 1e-6) / 1e9);
-  }
+  };
+  for (const ProbeShape& sh : kShapes) stream_row(sh.name, ternary_bytes(sh.k, sh.n));
+  stream_row("gate_up bf16", max_bytes);
 
   // The small-M kernel's access pattern (second table in the header): codes and scales of each
   // copy in one buffer (codes first, scales after them), x (token 0) one shared 6 KB buffer.
@@ -202,13 +204,14 @@ int main() {
   CHECK(cudaMemset(xbuf, 3, 3072 * 2));
   std::printf("\nThe small-M kernel's access pattern at M = 1 (us per call; no decode, no math):\n\n");
   std::printf("| shape | stream | codes | +scales | +x | +reduce |\n|---|---|---|---|---|---|\n");
-  for (const Shape& sh : shapes) {
-    if (sh.k < 0) continue;
-    const long cbytes = sh.n * (sh.k / 4), bytes = cbytes + sh.n * (sh.k / 128) * 2;
+  for (const ProbeShape& sh : kShapes) {
+    const long cbytes = static_cast<long>(sh.n) * (sh.k / 4), bytes = ternary_bytes(sh.k, sh.n);
     const int copies = rotating_copies(l2, bytes);
-    const int k = static_cast<int>(sh.k), grid = static_cast<int>(sh.n / 16);
+    const int k = sh.k, grid = sh.n / 16;
     double t[5];
-    t[0] = time_graph(s, copies, [&](cudaStream_t st, int i) { launch_stream(st, stream_fn<1>(false), 1, src[i], bytes / 16, out[i], false); });
+    t[0] = time_graph(s, copies, [&](cudaStream_t st, int i) {
+      launch_stream(st, stream_fn<1>(false), 1, src[i], bytes / 16, out[i], false);
+    });
     for (int v = 0; v < 4; ++v)
       t[v + 1] = time_graph(s, copies, [&](cudaStream_t st, int i) {
         const uint8_t* c = reinterpret_cast<const uint8_t*>(src[i]);

@@ -64,11 +64,7 @@ static void launch_t(const bf16* x, const uint8_t* p, const __half* s, bf16* y, 
     attr[n].val.clusterDim.z = ks;
     ++n;
   }
-  if (kPdl) {
-    attr[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[n].val.programmaticStreamSerializationAllowed = 1;
-    ++n;
-  }
+  if (kPdl) attr[n++] = pdl_attribute();
   cfg.attrs = attr;
   cfg.numAttrs = n;
   const int ldp = K / 4, lds = K / 128;
@@ -129,20 +125,17 @@ int main() {
   std::printf("%s, PDL %s, MMA_PROBE %d\n", prop.name, kPdl ? "on" : "off", MMA_PROBE);
   cudaStream_t st;
   CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
-  struct Shape { const char* name; int k, n; };
-  const Shape shapes[] = {{"qkv", 1024, 4096},   {"o", 2048, 1024},      {"gate_up", 1024, 6144},
-                          {"down", 3072, 1024},  {"qkv/tp4", 1024, 1024}, {"o/tp4", 512, 1024},
-                          {"gate_up/tp4", 1024, 1536}, {"down/tp4", 768, 1024}};
   const int ms[] = {1, 8, 16};
   std::printf("| shape | M | copies | check | alone us | norm,gemm us | norm us |\n|---|---|---|---|---|---|---|\n");
   srand(1);
-  for (const Shape& sh : shapes)
+  for (const ProbeShape& sh : kShapes)
     for (int M : ms) {
       const int K = sh.k, N = sh.n;
-      const long wbytes = (long)N * (K / 4) + (long)N * (K / 128) * 2, xbytes = (long)M * K * 2;
+      const long wbytes = ternary_bytes(K, N), xbytes = (long)M * K * 2;
       const int copies = rotating_copies(l2, wbytes + xbytes);
       std::vector<uint8_t> hp((size_t)N * (K / 4));
-      for (auto& b : hp) b = static_cast<uint8_t>((rand() % 3) | (rand() % 3) << 2 | (rand() % 3) << 4 | (rand() % 3) << 6);
+      for (auto& b : hp)  // four codes in {0, 1, 2} (11 is reserved)
+        b = static_cast<uint8_t>((rand() % 3) | (rand() % 3) << 2 | (rand() % 3) << 4 | (rand() % 3) << 6);
       std::vector<__half> hs((size_t)N * (K / 128));
       for (auto& v : hs) v = __float2half(0.01f + 0.05f * (rand() / (float)RAND_MAX));
       std::vector<uint16_t> hx((size_t)M * K);
@@ -179,7 +172,8 @@ int main() {
         err[c] = rel_err(hy, hx, hp, hs, M, N, K);
       }
       const bool ok = err[0] < 1e-2 && err[1] < 1e-2;
-      const double alone = time_graph(st, copies, [&](cudaStream_t q, int i) { gemm(x[i], p[i], s[i], y[i], M, N, K, q); });
+      const double alone =
+          time_graph(st, copies, [&](cudaStream_t q, int i) { gemm(x[i], p[i], s[i], y[i], M, N, K, q); });
       const double pair = time_graph(st, copies, [&](cudaStream_t q, int i) {
         norm(q, i);
         gemm(x[i], p[i], s[i], y[i], M, N, K, q);

@@ -24,6 +24,30 @@ inline int rotating_copies(long l2_bytes, long bytes) {
   return static_cast<int>(std::min<long>(64, std::max<long>(2, (2 * l2_bytes + bytes - 1) / bytes)));
 }
 
+// bench_kernel.py's SHAPES as (name, K, N): Qwen3-Embedding-0.6B's linear layers and their tp 4
+// shards (K a multiple of 128 in all of them).
+struct ProbeShape {
+  const char* name;
+  int k, n;
+};
+constexpr ProbeShape kShapes[] = {{"qkv", 1024, 4096},         {"o", 2048, 1024},        {"gate_up", 1024, 6144},
+                                  {"down", 3072, 1024},        {"qkv/tp4", 1024, 1024},  {"o/tp4", 512, 1024},
+                                  {"gate_up/tp4", 1024, 1536}, {"down/tp4", 768, 1024}};
+
+// A layer's packed codes + fp16 scales in bytes (K a multiple of 128).
+inline long ternary_bytes(int k, int n) {
+  return static_cast<long>(n) * (k / 4) + static_cast<long>(n) * (k / 128) * 2;
+}
+
+// Programmatic dependent launch: the launch may start while the previous kernel in the stream
+// runs; the kernel's griddepcontrol.wait is where it waits for it.
+inline cudaLaunchAttribute pdl_attribute() {
+  cudaLaunchAttribute a = {};
+  a.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  a.val.programmaticStreamSerializationAllowed = 1;
+  return a;
+}
+
 // bench_kernel.time_graph: median us per call of a CUDA graph that makes `copies` calls
 // (`call(stream, i)` enqueues call i), after one eager pass and 5 replays of warm-up; 50 replays
 // timed with CUDA events.
