@@ -46,17 +46,28 @@
 namespace ternary {
 namespace {
 
-// Probe hooks: scripts/probes/mma_probe.cu defines them to time the kernel with programmatic
-// dependent launch (MMA_PDL_TRIGGER at entry, MMA_PDL_WAIT once the first weights are in flight:
-// before the first activation load and before any store) and with one stage left out
-// (MMA_PROBE bits: 1 no activation loads, 2 no mma, 4 no reduction across warps; results then
-// wrong). Empty in the extension: its SASS is the same as without them.
-#ifndef MMA_PDL_TRIGGER
-#define MMA_PDL_TRIGGER()
+// Programmatic dependent launch (sm_90; launch_mma_nt sets the launch attribute where asked):
+// the kernel lets the next kernel in the stream launch at its entry (that kernel's CTAs then
+// take SM slots this grid no longer needs) and waits for the previous kernel (griddepcontrol.wait:
+// its completion and memory flush) only after its first weight loads are in flight, before it
+// reads an activation or writes an output. So the weights' memory round trip overlaps the
+// previous kernel's tail. The weights must not be written by the kernel just before this one
+// on the stream (true of a model's forward, where they are parameters; the op launches this way
+// only when asked, pdl=True). Without the attribute both instructions do nothing.
+__device__ __forceinline__ void pdl_launch_dependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif
-#ifndef MMA_PDL_WAIT
-#define MMA_PDL_WAIT()
+}
+__device__ __forceinline__ void pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
 #endif
+}
+
+// Probe hook: scripts/probes/mma_probe.cu leaves one stage out with MMA_PROBE (bits: 1 no
+// activation loads, 2 no mma, 4 no reduction across warps; results then wrong). 0 in the
+// extension.
 #ifndef MMA_PROBE
 #define MMA_PROBE 0
 #endif
@@ -102,7 +113,10 @@ __device__ __forceinline__ void load_weights(WeightStage<R>& st, const uint8_t* 
                                              int block_size, int k_offset) {
   const int byte0 = b * (U / 4) + (U / 16) * t;  // this thread's code bytes of each row
   const bool codes_ok = byte0 < ldp;             // ldp % 8 == 0, byte0 % (U/16) == 0: the load fits
-  const int sb = (b * U + k_offset) / block_size;  // the unit's scale column (a unit is inside a block)
+  // the unit's scale column (a unit lies inside a block); without a division where a block is
+  // one unit (the format's 128 at U = 128: then k_offset is 0), which cost ~25 instructions before
+  // the first load (o at M 1: 3.09 -> 2.95 us, scripts/probes/mma_probe.cu)
+  const int sb = block_size == U ? b : (b * U + k_offset) / block_size;
 #pragma unroll
   for (int r = 0; r < R; ++r)
 #pragma unroll
@@ -125,7 +139,7 @@ ternary_mma_kernel(const T* __restrict__ x,            // [M, K]
                    const T* __restrict__ bias,          // [N] or nullptr
                    T* __restrict__ y,                   // [M, N]
                    int M, int N, int K, int ldp, int lds, int block_size, int k_offset) {
-  MMA_PDL_TRIGGER();
+  pdl_launch_dependents();
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane / 4, t = lane % 4;
   const int n0 = blockIdx.x * 16 * R;
@@ -164,7 +178,7 @@ ternary_mma_kernel(const T* __restrict__ x,            // [M, K]
   // prefetching them too cost 35-65 more registers at NT = 2 and 4.
   WeightStage<R> cur, nxt;
   if (first < nblocks) load_weights<R, U>(cur, prow, srow, first, t, ldp, block_size, k_offset);
-  MMA_PDL_WAIT();
+  pdl_wait();
   for (int b = first; b < nblocks; b += stride) {
     if (b + stride < nblocks) load_weights<R, U>(nxt, prow, srow, b + stride, t, ldp, block_size, k_offset);
     uint32_t xf[NT][U / 8];
@@ -271,16 +285,16 @@ ternary_mma_kernel(const T* __restrict__ x,            // [M, K]
     }
     cluster.sync();  // no CTA leaves (freeing its shared memory) while another still reads it
 #else
-    __trap();  // never launched: the host splits only where the sm_90 binary runs (split_ok)
+    __trap();  // never launched: the host splits only where the sm_90 binary runs (sm90_binary)
 #endif
   }
 }
 
-// Whether the cluster (split-K) kernels run from an sm_90+ binary on this device: not where an
-// sm_80 or PTX-only image was loaded (their split instantiation traps). Asked once per device
-// and activation type (every instantiation comes from the same fat binary).
+// Whether `kernel` runs from an sm_90+ binary on this device: the cluster (split-K) kernels trap
+// and griddepcontrol is left out where an sm_80 or PTX-only image was loaded. Asked once per
+// device and activation type (every instantiation comes from the same fat binary).
 template <typename Kernel>
-bool split_ok(Kernel kernel) {
+bool sm90_binary(Kernel kernel) {
   static int cached[kMaxDevices] = {};  // 0 unknown, 1 yes, 2 no
   return per_device(cached, [&](int) {
            cudaFuncAttributes attr{};
@@ -307,33 +321,39 @@ int choose_k_split(int k_split, int tiles, int nblocks) {
 
 template <typename T, int R, int NT, int U>
 cudaError_t launch_mma_nt(const T* x, const uint8_t* packed, const __half* scale, const T* bias, T* y, int M, int N,
-                          int K, int ldp, int lds, int block_size, int k_offset, int k_split, cudaStream_t stream) {
+                          int K, int ldp, int lds, int block_size, int k_offset, int k_split, bool pdl,
+                          cudaStream_t stream) {
   const dim3 grid((N + 16 * R - 1) / (16 * R), (M + 8 * NT - 1) / (8 * NT));
-  const int ks = choose_k_split(k_split, grid.x * grid.y, (K + U - 1) / U);
-  if (ks > 1 && split_ok(ternary_mma_kernel<T, R, NT, true, U>)) {
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3(grid.x, grid.y, ks);
-    cfg.blockDim = dim3(kMmaWarps * 32);
-    cfg.dynamicSmemBytes = 0;
-    cfg.stream = stream;
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeClusterDimension;
-    attr[0].val.clusterDim.x = 1;
-    attr[0].val.clusterDim.y = 1;
-    attr[0].val.clusterDim.z = ks;
-    cfg.attrs = attr;
-    cfg.numAttrs = 1;
-    return cudaLaunchKernelEx(&cfg, ternary_mma_kernel<T, R, NT, true, U>, x, packed, scale, bias, y, M, N, K, ldp,
-                              lds, block_size, k_offset);
+  int ks = choose_k_split(k_split, grid.x * grid.y, (K + U - 1) / U);
+  if (ks > 1 && !sm90_binary(ternary_mma_kernel<T, R, NT, true, U>)) ks = 1;
+  auto kernel = ks > 1 ? ternary_mma_kernel<T, R, NT, true, U> : ternary_mma_kernel<T, R, NT, false, U>;
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(grid.x, grid.y, ks);
+  cfg.blockDim = dim3(kMmaWarps * 32);
+  cfg.dynamicSmemBytes = 0;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[2];
+  int n = 0;
+  if (ks > 1) {  // the CTAs of a tile form a cluster along grid.z
+    attr[n].id = cudaLaunchAttributeClusterDimension;
+    attr[n].val.clusterDim.x = 1;
+    attr[n].val.clusterDim.y = 1;
+    attr[n].val.clusterDim.z = ks;
+    ++n;
   }
-  ternary_mma_kernel<T, R, NT, false, U><<<grid, kMmaWarps * 32, 0, stream>>>(x, packed, scale, bias, y, M, N, K,
-                                                                              ldp, lds, block_size, k_offset);
-  return cudaGetLastError();
+  if (pdl && sm90_binary(kernel)) {  // programmatic dependent launch (pdl_wait in the kernel)
+    attr[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[n].val.programmaticStreamSerializationAllowed = 1;
+    ++n;
+  }
+  cfg.attrs = attr;
+  cfg.numAttrs = n;
+  return cudaLaunchKernelEx(&cfg, kernel, x, packed, scale, bias, y, M, N, K, ldp, lds, block_size, k_offset);
 }
 
 template <typename T, int R, int U = 128>
 cudaError_t launch_mma_r(const void* x, const uint8_t* packed, const __half* scale, const void* bias, void* y, int M,
-                         int N, int K, int ldp, int lds, int block_size, int k_offset, int k_split,
+                         int N, int K, int ldp, int lds, int block_size, int k_offset, int k_split, bool pdl,
                          cudaStream_t stream) {
   const T* xt = static_cast<const T*>(x);
   const T* bt = static_cast<const T*>(bias);
@@ -343,29 +363,33 @@ cudaError_t launch_mma_r(const void* x, const uint8_t* packed, const __half* sca
   constexpr int kMaxNT = R >= 4 ? 2 : 4;
   if (M <= 8)
     return launch_mma_nt<T, R, 1, U>(xt, packed, scale, bt, yt, M, N, K, ldp, lds, block_size, k_offset, k_split,
-                                     stream);
+                                     pdl, stream);
   if (M <= 16 || kMaxNT == 2)
     return launch_mma_nt<T, R, 2, U>(xt, packed, scale, bt, yt, M, N, K, ldp, lds, block_size, k_offset, k_split,
-                                     stream);
+                                     pdl, stream);
   return launch_mma_nt<T, R, kMaxNT, U>(xt, packed, scale, bt, yt, M, N, K, ldp, lds, block_size, k_offset, k_split,
-                                        stream);
+                                        pdl, stream);
 }
 
 template <typename T>
 cudaError_t launch_mma_t(const void* x, const uint8_t* packed, const __half* scale, const void* bias, void* y, int M,
                          int N, int K, int ldp, int lds, int block_size, int k_offset, int rows_per_cta, int k_split,
-                         int k_unit, cudaStream_t stream) {
+                         int k_unit, bool pdl, cudaStream_t stream) {
   if (k_unit == 64) {  // 16 rows per CTA only (the tile that won at 128; fewer instantiations)
     if (rows_per_cta != 16) return cudaErrorInvalidValue;
-    return launch_mma_r<T, 1, 64>(x, packed, scale, bias, y, M, N, K, ldp, lds, block_size, k_offset, k_split, stream);
+    return launch_mma_r<T, 1, 64>(x, packed, scale, bias, y, M, N, K, ldp, lds, block_size, k_offset, k_split, pdl,
+                                  stream);
   }
   switch (rows_per_cta) {
     case 16:
-      return launch_mma_r<T, 1>(x, packed, scale, bias, y, M, N, K, ldp, lds, block_size, k_offset, k_split, stream);
+      return launch_mma_r<T, 1>(x, packed, scale, bias, y, M, N, K, ldp, lds, block_size, k_offset, k_split, pdl,
+                                stream);
     case 32:
-      return launch_mma_r<T, 2>(x, packed, scale, bias, y, M, N, K, ldp, lds, block_size, k_offset, k_split, stream);
+      return launch_mma_r<T, 2>(x, packed, scale, bias, y, M, N, K, ldp, lds, block_size, k_offset, k_split, pdl,
+                                stream);
     case 64:
-      return launch_mma_r<T, 4>(x, packed, scale, bias, y, M, N, K, ldp, lds, block_size, k_offset, k_split, stream);
+      return launch_mma_r<T, 4>(x, packed, scale, bias, y, M, N, K, ldp, lds, block_size, k_offset, k_split, pdl,
+                                stream);
     default: return cudaErrorInvalidValue;
   }
 }
@@ -379,14 +403,16 @@ cudaError_t launch_mma_t(const void* x, const uint8_t* packed, const __half* sca
 // k_split: CTAs per tile along K (a cluster); 0 = auto (choose_k_split), 1 = none.
 // k_unit: weights of K per unit of work, 128 or 64 (needs block_size and k_offset multiples of
 // 64; 16 rows per CTA); gemm_path resolves its auto (0) to 128, since it checks the multiples.
+// pdl: launch with programmatic stream serialization where the sm_90 binary runs (the contract
+// at pdl_wait: the weights are not written by the kernel just before this one).
 cudaError_t launch_mma(bool bf16, const void* x, const uint8_t* packed, const __half* scale, const void* bias, void* y,
                        int M, int N, int K, int ldp, int lds, int block_size, int k_offset, int rows_per_cta,
-                       int k_split, int k_unit, cudaStream_t stream) {
+                       int k_split, int k_unit, bool pdl, cudaStream_t stream) {
   if (rows_per_cta == 0) rows_per_cta = 16;
   return bf16 ? launch_mma_t<__nv_bfloat16>(x, packed, scale, bias, y, M, N, K, ldp, lds, block_size, k_offset,
-                                            rows_per_cta, k_split, k_unit, stream)
+                                            rows_per_cta, k_split, k_unit, pdl, stream)
               : launch_mma_t<__half>(x, packed, scale, bias, y, M, N, K, ldp, lds, block_size, k_offset, rows_per_cta,
-                                     k_split, k_unit, stream);
+                                     k_split, k_unit, pdl, stream);
 }
 
 }  // namespace ternary

@@ -17,7 +17,7 @@ cudaError_t launch_dequant(bool bf16, const uint8_t* packed, const __half* scale
                            int lds, int block_size, int k_offset, cudaStream_t stream);
 cudaError_t launch_mma(bool bf16, const void* x, const uint8_t* packed, const __half* scale, const void* bias, void* y,
                        int M, int N, int K, int ldp, int lds, int block_size, int k_offset, int rows_per_cta,
-                       int k_split, int k_unit, cudaStream_t stream);
+                       int k_split, int k_unit, bool pdl, cudaStream_t stream);
 cudaError_t launch_tiled(bool bf16, const void* x, const uint8_t* packed, const __half* scale, const void* bias,
                          void* y, int M, int N, int K, int ldp, int lds, int block_size, int k_offset, int tile,
                          cudaStream_t stream);
@@ -45,19 +45,24 @@ namespace {
 //     the MAX_M until the benchmark says otherwise;
 //   else M <= TERNARY_GEMV_MAX_M (default 1): the warp-per-row kernel (any k_offset);
 //   else: dequantize + cuBLAS.
+// pdl (the plugin's calls): the tensor-core kernel is launched with programmatic dependent
+// launch on sm_90 (csrc/ternary_mma.cu, pdl_wait): its first weight loads overlap the end of
+// the kernel before it. Only for weights that the kernel just before the op does not write (a
+// model's parameters); TERNARY_PDL=0 turns it off everywhere. Measured on the H200 (bench_kernel,
+// "Programmatic dependent launch"). The other kernels ignore it.
 int64_t env_int(const char* name, int64_t fallback) {
   const char* e = std::getenv(name);
   return e ? std::atoll(e) : fallback;
 }
 // The dispatch limits above, read once per process.
 struct Limits {
-  int64_t gemv_max_m, mma_max_m, mma64_max_k, tiled_max_m, tiled_min_n, wgmma_min_m, wgmma_max_m;
+  int64_t gemv_max_m, mma_max_m, mma64_max_k, tiled_max_m, tiled_min_n, wgmma_min_m, wgmma_max_m, pdl;
 };
 const Limits& limits() {
   static const Limits v{env_int("TERNARY_GEMV_MAX_M", 1),    env_int("TERNARY_MMA_MAX_M", 32),
                         env_int("TERNARY_MMA64_MAX_K", 1024), env_int("TERNARY_TILED_MAX_M", 64),
                         env_int("TERNARY_TILED_MIN_N", 1536), env_int("TERNARY_WGMMA_MIN_M", 1024),
-                        env_int("TERNARY_WGMMA_MAX_M", 8192)};
+                        env_int("TERNARY_WGMMA_MAX_M", 8192), env_int("TERNARY_PDL", 1)};
   return v;
 }
 
@@ -102,7 +107,7 @@ torch::Tensor gemm_path(const torch::Tensor& x,       // [M, K] bf16/fp16
                         const torch::Tensor& scale,   // [N, lds] fp16
                         const std::optional<torch::Tensor>& bias,  // [N] x.dtype
                         int64_t block_size, int64_t k_offset, int64_t path, int64_t rows_per_cta,
-                        int64_t k_split, int64_t k_unit, int64_t tokens_per_cta) {
+                        int64_t k_split, int64_t k_unit, int64_t tokens_per_cta, bool pdl) {
   CHECK_ARG(x.is_cuda() && packed.is_cuda() && scale.is_cuda(), "x, packed and scale must be CUDA tensors");
   CHECK_ARG(x.dim() == 2, "x must be 2-D [M, K], got ", x.sizes());
   CHECK_ARG(x.scalar_type() == at::kBFloat16 || x.scalar_type() == at::kHalf, "x must be bf16 or fp16, got ",
@@ -201,7 +206,7 @@ torch::Tensor gemm_path(const torch::Tensor& x,       // [M, K] bf16/fp16
   if (path == kMma) {
     check_cuda_error(ternary::launch_mma(bf16, x.data_ptr(), packed.data_ptr<uint8_t>(), scale_ptr, bias_ptr,
                                          y.data_ptr(), M, N, K, ldp, lds, block_size, k_offset, rows_per_cta, k_split,
-                                         unit, stream),
+                                         unit, pdl && limits().pdl != 0, stream),
                      "ternary_mma_kernel launch", M, N, K);
     return y;
   }
@@ -238,8 +243,8 @@ torch::Tensor gemm_path(const torch::Tensor& x,       // [M, K] bf16/fp16
 }
 
 torch::Tensor gemm(const torch::Tensor& x, const torch::Tensor& packed, const torch::Tensor& scale,
-                   const std::optional<torch::Tensor>& bias, int64_t block_size, int64_t k_offset) {
-  return gemm_path(x, packed, scale, bias, block_size, k_offset, kAuto, 0, 0, 0, 0);
+                   const std::optional<torch::Tensor>& bias, int64_t block_size, int64_t k_offset, bool pdl) {
+  return gemm_path(x, packed, scale, bias, block_size, k_offset, kAuto, 0, 0, 0, 0, pdl);
 }
 
 // W [N, K] in `dtype` (bf16/fp16): the large-M path's first half, exposed for benchmarks.
@@ -269,14 +274,16 @@ torch::Tensor dequantize(const torch::Tensor& packed, const torch::Tensor& scale
 }  // namespace
 
 TORCH_LIBRARY(ternary_serve, m) {
-  m.def("gemm(Tensor x, Tensor packed, Tensor scale, Tensor? bias, int block_size, int k_offset) -> Tensor");
+  // pdl: programmatic dependent launch of the tensor-core kernel (see the dispatch notes above)
+  m.def("gemm(Tensor x, Tensor packed, Tensor scale, Tensor? bias, int block_size, int k_offset, bool pdl=False) "
+        "-> Tensor");
   // One kernel forced (path 1 gemv, 2 tensor-core, 3 dequantize + cuBLAS, 4 tiled tensor-core,
   // 5 wgmma; rows_per_cta, k_split and k_unit, the tensor-core kernel's W rows per CTA, CTAs per
   // tile along K and weights of K per unit of work, the tiled kernel's W rows (and tokens) per
   // CTA, the wgmma kernel's W rows per CTA with tokens_per_cta, 0 = auto): for tests and
   // benchmarks; gemm is path 0, chosen by M, with every tile choice automatic.
   m.def("gemm_path(Tensor x, Tensor packed, Tensor scale, Tensor? bias, int block_size, int k_offset, int path, "
-        "int rows_per_cta, int k_split=0, int k_unit=0, int tokens_per_cta=0) -> Tensor");
+        "int rows_per_cta, int k_split=0, int k_unit=0, int tokens_per_cta=0, bool pdl=False) -> Tensor");
   m.def("dequantize(Tensor packed, Tensor scale, int K, int block_size, int k_offset, ScalarType dtype) -> Tensor");
 }
 

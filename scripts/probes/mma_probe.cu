@@ -11,10 +11,10 @@
 //   norm,gemm   a call pair: a row-copy kernel that writes this call's activations (a stand-in for
 //               the RMSNorm before qkv / gate_up: one CTA a token, launched plainly, never
 //               triggers), then the kernel; the norm's own time is printed once
-// With -DPDL the kernel has the hooks MMA_PDL_TRIGGER / MMA_PDL_WAIT (griddepcontrol) and is
-// launched with programmatic stream serialization: "alone" then overlaps successive calls (the
-// harness's view), "norm,gemm" shows what a model's graph could get (its weights load while the
-// norm finishes). MMA_PROBE leaves a stage out (see the kernel's hooks); its results are wrong.
+// With -DPDL the kernel is launched as the plugin launches it, with programmatic stream
+// serialization (ternary_mma.cu, pdl_wait): "alone" then overlaps successive calls (the
+// harness's view), "norm,gemm" shows what a model's graph gets (its first weights load while the
+// norm finishes). MMA_PROBE leaves a stage out (see the kernel's hook); its results are wrong.
 // Each build checks its first call against a float64 reference (codes, scales, activations
 // random; output poisoned; with the norm: activations poisoned too, then written by the norm):
 // "ok" under 1e-2 relative error, else FAILED (expected with MMA_PROBE). run_probes.sh builds
@@ -28,10 +28,6 @@
 #include <cstring>
 #include <vector>
 
-#ifdef PDL
-#define MMA_PDL_TRIGGER() asm volatile("griddepcontrol.launch_dependents;" ::: "memory")
-#define MMA_PDL_WAIT() asm volatile("griddepcontrol.wait;" ::: "memory")
-#endif
 #include "../../csrc/ternary_mma.cu"
 #include "probe_util.cuh"
 
@@ -47,40 +43,11 @@ __global__ void norm_rows(const uint4* __restrict__ src, uint4* __restrict__ dst
   for (int i = threadIdx.x; i < row16; i += blockDim.x) dst[blockIdx.x * row16 + i] = src[blockIdx.x * row16 + i];
 }
 
-template <int NT, int U>
-static void launch_t(const bf16* x, const uint8_t* p, const __half* s, bf16* y, int M, int N, int K, cudaStream_t st) {
-  const dim3 grid((N + 15) / 16, (M + 8 * NT - 1) / (8 * NT));
-  const int ks = ternary::choose_k_split(0, grid.x * grid.y, (K + U - 1) / U);
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(grid.x, grid.y, ks);
-  cfg.blockDim = dim3(ternary::kMmaWarps * 32);
-  cfg.stream = st;
-  cudaLaunchAttribute attr[2];
-  int n = 0;
-  if (ks > 1) {
-    attr[n].id = cudaLaunchAttributeClusterDimension;
-    attr[n].val.clusterDim.x = 1;
-    attr[n].val.clusterDim.y = 1;
-    attr[n].val.clusterDim.z = ks;
-    ++n;
-  }
-  if (kPdl) attr[n++] = pdl_attribute();
-  cfg.attrs = attr;
-  cfg.numAttrs = n;
-  const int ldp = K / 4, lds = K / 128;
-  if (ks > 1)
-    CHECK(cudaLaunchKernelEx(&cfg, ternary::ternary_mma_kernel<bf16, 1, NT, true, U>, x, p, s,
-                             static_cast<const bf16*>(nullptr), y, M, N, K, ldp, lds, 128, 0));
-  else
-    CHECK(cudaLaunchKernelEx(&cfg, ternary::ternary_mma_kernel<bf16, 1, NT, false, U>, x, p, s,
-                             static_cast<const bf16*>(nullptr), y, M, N, K, ldp, lds, 128, 0));
-}
-
-// The op's choice at M <= 16 (ternary_ops.cpp: TERNARY_MMA64_MAX_K 1024).
+// The op's launch at M <= 16 (ternary_ops.cpp: 64-weight units at M 9-16 where K <=
+// TERNARY_MMA64_MAX_K, 1024; W rows per CTA and the split along K automatic).
 static void gemm(const bf16* x, const uint8_t* p, const __half* s, bf16* y, int M, int N, int K, cudaStream_t st) {
-  if (M <= 8) return launch_t<1, 128>(x, p, s, y, M, N, K, st);
-  if (K <= 1024) return launch_t<2, 64>(x, p, s, y, M, N, K, st);
-  launch_t<2, 128>(x, p, s, y, M, N, K, st);
+  const int unit = M > 8 && K <= 1024 ? 64 : 128;
+  CHECK(ternary::launch_mma(true, x, p, s, nullptr, y, M, N, K, K / 4, K / 128, 128, 0, 0, 0, unit, kPdl, st));
 }
 
 static float bf16_to_float(uint16_t b) {
