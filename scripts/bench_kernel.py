@@ -240,11 +240,11 @@ def _pdl_lines(rows: list) -> list:
     rows = [r for r in rows if r.get("pdl")]
     if not rows:
         return []
-    lines = ["", ("Programmatic dependent launch (the plugin's launch of the small-M kernel; `ternary us` above is "
-                  "the op launched plainly). Back to back = successive calls overlap (this harness's view). After a "
+    lines = ["", ("Programmatic dependent launch of the small-M kernel (the op's pdl=True; the plugin and `ternary us` "
+                  "above launch plainly). Back to back = successive calls overlap (this harness's view). After a "
                   "kernel = each call follows an elementwise kernel that writes its activations, launched plainly "
-                  "(a model's view: the op's first weight loads overlap that kernel's end); `adds` = the pair's time "
-                  "- that kernel's time alone (us):"), "",
+                  "(a model's view: the op's first weight loads may overlap that kernel's end); `adds` = the pair's "
+                  "time - that kernel's time alone (us):"), "",
              ("| shape | M | op us | op+PDL back to back | cuBLAS us | speed-up plain / PDL | kernel alone | "
               "kernel,cuBLAS | kernel,op | kernel,op+PDL | adds: cuBLAS / op / op+PDL | speed-up of adds, op / op+PDL |"),
              "|---|---|---|---|---|---|---|---|---|---|---|---|"]

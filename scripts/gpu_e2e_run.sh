@@ -59,7 +59,6 @@ LOGS=/root/e2e-logs
 [ -e /root/mma64_broken ] && export TERNARY_MMA64_MAX_K=0 && echo "NOTE: 64-weight units off (their GPU tests failed)"
 [ -e /root/tiled_broken ] && export TERNARY_TILED_MAX_M=0 && echo "NOTE: tiled kernel off (its GPU tests failed)"
 [ -e /root/wgmma_broken ] && export TERNARY_WGMMA_MIN_M=0 && echo "NOTE: wgmma kernel off (its GPU tests failed)"
-[ -e /root/pdl_broken ] && export TERNARY_PDL=0 && echo "NOTE: programmatic dependent launch off (its GPU tests failed)"
 
 env_json() {  # GPU, versions, and this stage's command, for the report
   python3 - "$1" <<'EOF' > "$OUT/env-$1.json"
@@ -108,7 +107,6 @@ stage_kernel() {
     touch /root/tiled_broken; echo "tiled kernel FAILED its tests"
   fi
   if grep -q "FAILED.*wgmma" "$OUT/gpu_tests.log"; then touch /root/wgmma_broken; echo "wgmma kernel FAILED its tests"; fi
-  if grep -q "FAILED.*pdl" "$OUT/gpu_tests.log"; then touch /root/pdl_broken; echo "PDL launch FAILED its tests"; fi
   # the bad-input test alone; a crash gets a native backtrace from cuda-gdb (no gdb there)
   timeout 120 python3 -X faulthandler -m pytest -q -p no:cacheprovider tests/test_kernel_gpu.py -k bad_inputs -s \
     > "$LOGS/bad_inputs.log" 2>&1; rc=$?

