@@ -41,6 +41,9 @@
 # Ninth session (nvidia-h200, 337 s of device time left to it): one call of floor_probe.cu
 # (4 s of wall time, ~35 s of device time) and one of run_probes.sh with five mma_probe
 # variants (52 s of wall time, ~115 s); the lease was given back after each.
+# Tenth session (nvidia-h200, every call cold, lease given back after each): three calls of
+# run_probes.sh (24, 76 s of wall time; ~50 and ~110 s of device time) and two of `setup kernel`
+# (+ probes or pdl_pairs.py; 203 and 160 s of wall time, ~230 and ~190 s); ~590 of 1800 s in all.
 #
 # Everything a stage measures lands in $OUT (at most 8 files come back: JSON results, a log
 # tarball); scripts/bench_e2e.py report merges them here afterwards. The parts of earlier GPU
