@@ -22,11 +22,12 @@
 // 2^e + bit; the same from W >> 1 gives 2^e + high bit; one bf16x2 subtraction leaves
 // low - high = value of code: 00 -> 0, 01 -> +1, 10 -> -1, 11 (reserved) -> 0.
 //
-// Work split: a CTA owns 16*R rows of W; its 8 warps take the 128-weight blocks round-robin
-// (split-K inside the CTA) and add their partial sums through shared memory in a fixed order.
-// Where that leaves SMs idle (N / 16R tiles < SM count, e.g. down: N = 1024 -> 64 CTAs on 132
-// SMs) and each warp would walk 3+ blocks of K in series, k_split CTAs share a tile: they form
-// a thread-block cluster along grid.z (sm_90), each takes every k_split-th group of 8 blocks,
+// Work split: a CTA owns 16*R rows of W; its 8 warps (16 where the tiles fit in one wave of
+// such CTAs: one unit a warp on more of K, half the chain after the loads; launch_mma) take
+// the units round-robin (split-K inside the CTA) and add their partial sums through shared
+// memory in a fixed order. Where 8 warps leave SMs idle (N / 16R tiles < SM count) and each
+// warp would walk 3+ units of K in series, k_split CTAs share a tile: they form a
+// thread-block cluster along grid.z (sm_90), each takes every k_split-th group of 8 blocks,
 // and they add their partial tiles through distributed shared memory, each CTA finishing
 // 1/k_split of the tile's outputs by reading all k_split partials in rank order. No workspace,
 // no atomics, no second kernel, and the sum's order is fixed: the result is deterministic.
@@ -73,7 +74,6 @@ __device__ __forceinline__ void pdl_wait() {
 #define MMA_PROBE 0
 #endif
 
-constexpr int kMmaWarps = 8;
 // Weights of K per unit of work (U): 128 (a scale block, 8 mma steps of k16; the default) or 64
 // (half a block, 4 steps: for shards starting 64 weights into a block, and at M 9-16 with short K:
 // twice the units, each half the dependent chain per warp; see docs/kernel_notes.md, v6).
@@ -131,9 +131,10 @@ __device__ __forceinline__ void load_weights(WeightStage<R>& st, const uint8_t* 
 }
 
 // kSplit: the CTAs of a cluster along grid.z share the tile's K (gridDim.z = cluster size).
-// U: weights of K per unit of work (128 or 64, above).
-template <typename T, int R, int NT, bool kSplit, int U>
-__global__ void __launch_bounds__(kMmaWarps * 32)
+// U: weights of K per unit of work (128 or 64, above). W: warps a CTA (8, or 16 where the
+// tiles fit in one wave of 16-warp CTAs: launch_mma).
+template <typename T, int R, int NT, bool kSplit, int U, int W>
+__global__ void __launch_bounds__(W * 32)
 ternary_mma_kernel(const T* __restrict__ x,            // [M, K]
                    const uint8_t* __restrict__ packed,  // [N, ldp], ldp % 8 == 0
                    const __half* __restrict__ scale,    // [N, lds]
@@ -148,8 +149,8 @@ ternary_mma_kernel(const T* __restrict__ x,            // [M, K]
   const int nblocks = (K + U - 1) / U;  // units ("blocks" below)
   const bool vec_ok = rows_vec_ok(x, K);
   // this warp's first block and the stride between its blocks (all warps of the cluster)
-  const int first = (kSplit ? blockIdx.z * kMmaWarps : 0) + warp;
-  const int stride = kSplit ? gridDim.z * kMmaWarps : kMmaWarps;
+  const int first = (kSplit ? blockIdx.z * W : 0) + warp;
+  const int stride = kSplit ? gridDim.z * W : W;
 
   float acc[R][NT][4];
   zero_tiles(acc);
@@ -241,7 +242,7 @@ ternary_mma_kernel(const T* __restrict__ x,            // [M, K]
       }
     return;
   }
-  __shared__ float red[kMmaWarps][kPerWarp];
+  __shared__ float red[W][kPerWarp];
 #pragma unroll
   for (int r = 0; r < R; ++r)
 #pragma unroll
@@ -252,7 +253,7 @@ ternary_mma_kernel(const T* __restrict__ x,            // [M, K]
   auto cta_sum = [&](int e) {
     float v = 0.f;
 #pragma unroll
-    for (int w = 0; w < kMmaWarps; ++w) v += red[w][e];
+    for (int w = 0; w < W; ++w) v += red[w][e];
     return v;
   };
   auto store = [&](int e, float v) {
@@ -266,7 +267,7 @@ ternary_mma_kernel(const T* __restrict__ x,            // [M, K]
     }
   };
   if constexpr (!kSplit) {
-    for (int e = threadIdx.x; e < kPerWarp; e += kMmaWarps * 32) store(e, cta_sum(e));
+    for (int e = threadIdx.x; e < kPerWarp; e += W * 32) store(e, cta_sum(e));
   } else {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     // split-K across the cluster: each CTA's partial tile in its shared memory, then each CTA
@@ -274,12 +275,12 @@ ternary_mma_kernel(const T* __restrict__ x,            // [M, K]
     namespace cg = cooperative_groups;
     cg::cluster_group cluster = cg::this_cluster();
     __shared__ float part[kPerWarp];
-    for (int e = threadIdx.x; e < kPerWarp; e += kMmaWarps * 32) part[e] = cta_sum(e);
+    for (int e = threadIdx.x; e < kPerWarp; e += W * 32) part[e] = cta_sum(e);
     cluster.sync();
     const int ranks = (int)cluster.num_blocks(), rank = (int)cluster.block_rank();
     const int share = (kPerWarp + ranks - 1) / ranks;
     const int e_end = min(kPerWarp, (rank + 1) * share);
-    for (int e = rank * share + threadIdx.x; e < e_end; e += kMmaWarps * 32) {
+    for (int e = rank * share + threadIdx.x; e < e_end; e += W * 32) {
       float v = 0.f;
       for (int q = 0; q < ranks; ++q) v += cluster.map_shared_rank(part, q)[e];
       store(e, v);
@@ -309,9 +310,9 @@ bool sm90_binary(Kernel kernel) {
 // 4.50, 5.23 -> 4.87, 6.33 -> 5.66 us at 3 CTAs; o (K 2048, 2 blocks a warp) 3.38 -> 3.65,
 // 3.65 -> 3.87, 4.51 -> 4.38 at 2: the cluster's two barriers and remote reads cost about what
 // one block in series does. A forced k_split (tests, benchmarks) is capped at 8 (the portable
-// cluster size) and at the number of 8-block groups, so every CTA has a block.
-int choose_k_split(int k_split, int tiles, int nblocks) {
-  const int groups = (nblocks + kMmaWarps - 1) / kMmaWarps;
+// cluster size) and at the number of groups of `warps` blocks, so every CTA has a block.
+int choose_k_split(int k_split, int tiles, int nblocks, int warps) {
+  const int groups = (nblocks + warps - 1) / warps;
   if (k_split == 0) {
     const int sms = sm_count();
     if (sms == 0 || tiles >= sms || groups < 3) return 1;
@@ -320,19 +321,30 @@ int choose_k_split(int k_split, int tiles, int nblocks) {
   return max(1, min(k_split, min(groups, 8)));
 }
 
-template <typename T, int R, int NT, int U>
-cudaError_t launch_mma_nt(const T* x, const uint8_t* packed, const __half* scale, const T* bias, T* y, int M, int N,
-                          int K, int ldp, int lds, int block_size, int k_offset, int k_split, bool pdl,
-                          cudaStream_t stream) {
-  const dim3 grid((N + 16 * R - 1) / (16 * R), (M + 8 * NT - 1) / (8 * NT));
-  int ks = choose_k_split(k_split, grid.x * grid.y, (K + U - 1) / U);
-  if (ks > 1 && !sm90_binary(ternary_mma_kernel<T, R, NT, true, U>)) ks = 1;
-  auto kernel = ks > 1 ? ternary_mma_kernel<T, R, NT, true, U> : ternary_mma_kernel<T, R, NT, false, U>;
+// One call's operands and shape, as the launchers hand them down.
+template <typename T>
+struct MmaCall {
+  const T* x;
+  const uint8_t* packed;
+  const __half* scale;
+  const T* bias;
+  T* y;
+  int M, N, K, ldp, lds, block_size, k_offset, k_split;
+  bool pdl;
+  cudaStream_t stream;
+};
+
+template <typename T, int R, int NT, int U, int W>
+cudaError_t launch_mma_nt(const MmaCall<T>& c) {
+  const dim3 grid((c.N + 16 * R - 1) / (16 * R), (c.M + 8 * NT - 1) / (8 * NT));
+  int ks = choose_k_split(c.k_split, grid.x * grid.y, (c.K + U - 1) / U, W);
+  if (ks > 1 && !sm90_binary(ternary_mma_kernel<T, R, NT, true, U, W>)) ks = 1;
+  auto kernel = ks > 1 ? ternary_mma_kernel<T, R, NT, true, U, W> : ternary_mma_kernel<T, R, NT, false, U, W>;
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3(grid.x, grid.y, ks);
-  cfg.blockDim = dim3(kMmaWarps * 32);
+  cfg.blockDim = dim3(W * 32);
   cfg.dynamicSmemBytes = 0;
-  cfg.stream = stream;
+  cfg.stream = c.stream;
   cudaLaunchAttribute attr[2];
   int n = 0;
   if (ks > 1) {  // the CTAs of a tile form a cluster along grid.z
@@ -342,55 +354,62 @@ cudaError_t launch_mma_nt(const T* x, const uint8_t* packed, const __half* scale
     attr[n].val.clusterDim.z = ks;
     ++n;
   }
-  if (pdl && sm90_binary(kernel)) {  // programmatic dependent launch (pdl_wait in the kernel)
+  if (c.pdl && sm90_binary(kernel)) {  // programmatic dependent launch (pdl_wait in the kernel)
     attr[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
     attr[n].val.programmaticStreamSerializationAllowed = 1;
     ++n;
   }
   cfg.attrs = attr;
   cfg.numAttrs = n;
-  return cudaLaunchKernelEx(&cfg, kernel, x, packed, scale, bias, y, M, N, K, ldp, lds, block_size, k_offset);
+  return cudaLaunchKernelEx(&cfg, kernel, c.x, c.packed, c.scale, c.bias, c.y, c.M, c.N, c.K, c.ldp, c.lds,
+                            c.block_size, c.k_offset);
 }
 
-template <typename T, int R, int U = 128>
-cudaError_t launch_mma_r(const void* x, const uint8_t* packed, const __half* scale, const void* bias, void* y, int M,
-                         int N, int K, int ldp, int lds, int block_size, int k_offset, int k_split, bool pdl,
-                         cudaStream_t stream) {
-  const T* xt = static_cast<const T*>(x);
-  const T* bt = static_cast<const T*>(bias);
-  T* yt = static_cast<T*>(y);
-  // R * NT <= 8 keeps the split-K exchange in 32 KB of static shared memory; larger M loops
-  // over token tiles in grid.y (re-reading the codes, from L2 at these sizes).
+template <typename T, int R, int U, int W>
+cudaError_t launch_mma_r(const MmaCall<T>& c) {
+  // R * NT <= 8 keeps the split-K exchange in 32 KB of static shared memory (34 KB at 16
+  // warps); larger M loops over token tiles in grid.y (re-reading the codes, from L2 at these
+  // sizes).
   constexpr int kMaxNT = R >= 4 ? 2 : 4;
-  if (M <= 8)
-    return launch_mma_nt<T, R, 1, U>(xt, packed, scale, bt, yt, M, N, K, ldp, lds, block_size, k_offset, k_split,
-                                     pdl, stream);
-  if (M <= 16 || kMaxNT == 2)
-    return launch_mma_nt<T, R, 2, U>(xt, packed, scale, bt, yt, M, N, K, ldp, lds, block_size, k_offset, k_split,
-                                     pdl, stream);
-  return launch_mma_nt<T, R, kMaxNT, U>(xt, packed, scale, bt, yt, M, N, K, ldp, lds, block_size, k_offset, k_split,
-                                        pdl, stream);
+  if (c.M <= 8) return launch_mma_nt<T, R, 1, U, W>(c);
+  if (c.M <= 16 || kMaxNT == 2) return launch_mma_nt<T, R, 2, U, W>(c);
+  return launch_mma_nt<T, R, kMaxNT, U, W>(c);
+}
+
+// Whether `tiles` CTAs of the 16-warp kernel (16 W rows, NT token tiles, U-weight units) run in
+// one wave on this device: its occupancy, asked once per device.
+template <typename T, int NT, int U>
+bool one_wave_of_16_warps(int tiles) {
+  static int cached[kMaxDevices] = {};
+  const int per_sm = per_device(cached, [](int) {
+    int n = 0;
+    return cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, ternary_mma_kernel<T, 1, NT, false, U, 16>, 16 * 32,
+                                                         0) == cudaSuccess ? n : 0;
+  });
+  return per_sm > 0 && tiles <= per_sm * sm_count();
 }
 
 template <typename T>
-cudaError_t launch_mma_t(const void* x, const uint8_t* packed, const __half* scale, const void* bias, void* y, int M,
-                         int N, int K, int ldp, int lds, int block_size, int k_offset, int rows_per_cta, int k_split,
-                         int k_unit, bool pdl, cudaStream_t stream) {
-  if (k_unit == 64) {  // 16 rows per CTA only (the tile that won at 128; fewer instantiations)
+cudaError_t launch_mma_t(const MmaCall<T>& c, int rows_per_cta, int k_unit, int unit16, int warps) {
+  if (warps == 0) {  // auto (see launch_mma)
+    const bool may = c.M <= 16 && rows_per_cta == 16 && c.k_split <= 1 && (c.K + unit16 - 1) / unit16 <= 32;
+    const int tiles = (c.N + 15) / 16;
+    const bool fits = may && (c.M <= 8 ? (unit16 == 64 ? one_wave_of_16_warps<T, 1, 64>(tiles)
+                                                       : one_wave_of_16_warps<T, 1, 128>(tiles))
+                                       : (unit16 == 64 ? one_wave_of_16_warps<T, 2, 64>(tiles)
+                                                       : one_wave_of_16_warps<T, 2, 128>(tiles)));
+    warps = fits ? 16 : 8;
+    if (fits) k_unit = unit16;
+  }
+  if (warps == 16 || k_unit == 64) {  // 16 rows per CTA only (the tile that won; fewer instantiations)
     if (rows_per_cta != 16) return cudaErrorInvalidValue;
-    return launch_mma_r<T, 1, 64>(x, packed, scale, bias, y, M, N, K, ldp, lds, block_size, k_offset, k_split, pdl,
-                                  stream);
+    if (warps == 16) return k_unit == 64 ? launch_mma_r<T, 1, 64, 16>(c) : launch_mma_r<T, 1, 128, 16>(c);
+    return launch_mma_r<T, 1, 64, 8>(c);
   }
   switch (rows_per_cta) {
-    case 16:
-      return launch_mma_r<T, 1>(x, packed, scale, bias, y, M, N, K, ldp, lds, block_size, k_offset, k_split, pdl,
-                                stream);
-    case 32:
-      return launch_mma_r<T, 2>(x, packed, scale, bias, y, M, N, K, ldp, lds, block_size, k_offset, k_split, pdl,
-                                stream);
-    case 64:
-      return launch_mma_r<T, 4>(x, packed, scale, bias, y, M, N, K, ldp, lds, block_size, k_offset, k_split, pdl,
-                                stream);
+    case 16: return launch_mma_r<T, 1, 128, 8>(c);
+    case 32: return launch_mma_r<T, 2, 128, 8>(c);
+    case 64: return launch_mma_r<T, 4, 128, 8>(c);
     default: return cudaErrorInvalidValue;
   }
 }
@@ -404,16 +423,31 @@ cudaError_t launch_mma_t(const void* x, const uint8_t* packed, const __half* sca
 // k_split: CTAs per tile along K (a cluster); 0 = auto (choose_k_split), 1 = none.
 // k_unit: weights of K per unit of work, 128 or 64 (needs block_size and k_offset multiples of
 // 64; 16 rows per CTA); gemm_path resolves its auto (0) to 128, since it checks the multiples.
+// warps: a CTA's warps, 8 or 16 (16 W rows a CTA), 0 = auto: 16 where M <= 16, the tile and the
+// split along K are auto, a row has at most 32 units of `unit16` weights (the unit the 16-warp
+// kernel then takes, 64 where the op allows it) and the 16-row tiles fit in one wave of 16-warp
+// CTAs; else 8. Measured on the H200 (mma_probe.cu, tenth session): 16 warps (a warp per unit,
+// half the chain) against 8, M = 1 / 8 / 16: o 2.93 / 3.53 / 4.44 -> 2.64 / 3.18 / 4.06 us,
+// down 4.21 / 4.55 / 5.27 -> 3.89 / 4.24 / 5.28, qkv 3.08 / 3.48 / 4.11 -> 3.10 / 3.25 / 3.96,
+// tp 4 shards up to -0.25 us at M 16; gate_up (384 tiles: 1.45 waves of 16-warp CTAs) 3.91 ->
+// 4.90, so it keeps 8.
 // pdl: launch with programmatic stream serialization where the sm_90 binary runs (the contract
 // at pdl_wait: the weights are not written by the kernel just before this one).
 cudaError_t launch_mma(bool bf16, const void* x, const uint8_t* packed, const __half* scale, const void* bias, void* y,
                        int M, int N, int K, int ldp, int lds, int block_size, int k_offset, int rows_per_cta,
-                       int k_split, int k_unit, bool pdl, cudaStream_t stream) {
+                       int k_split, int k_unit, int unit16, int warps, bool pdl, cudaStream_t stream) {
   if (rows_per_cta == 0) rows_per_cta = 16;
-  return bf16 ? launch_mma_t<__nv_bfloat16>(x, packed, scale, bias, y, M, N, K, ldp, lds, block_size, k_offset,
-                                            rows_per_cta, k_split, k_unit, pdl, stream)
-              : launch_mma_t<__half>(x, packed, scale, bias, y, M, N, K, ldp, lds, block_size, k_offset, rows_per_cta,
-                                     k_split, k_unit, pdl, stream);
+  if (warps != 0 && warps != 8 && warps != 16) return cudaErrorInvalidValue;
+  if (bf16) {
+    using T = __nv_bfloat16;
+    const MmaCall<T> c{static_cast<const T*>(x), packed, scale, static_cast<const T*>(bias), static_cast<T*>(y), M, N,
+                       K, ldp, lds, block_size, k_offset, k_split, pdl, stream};
+    return launch_mma_t(c, rows_per_cta, k_unit, unit16, warps);
+  }
+  using T = __half;
+  const MmaCall<T> c{static_cast<const T*>(x), packed, scale, static_cast<const T*>(bias), static_cast<T*>(y), M, N, K,
+                     ldp, lds, block_size, k_offset, k_split, pdl, stream};
+  return launch_mma_t(c, rows_per_cta, k_unit, unit16, warps);
 }
 
 }  // namespace ternary

@@ -17,7 +17,7 @@ cudaError_t launch_dequant(bool bf16, const uint8_t* packed, const __half* scale
                            int lds, int block_size, int k_offset, cudaStream_t stream);
 cudaError_t launch_mma(bool bf16, const void* x, const uint8_t* packed, const __half* scale, const void* bias, void* y,
                        int M, int N, int K, int ldp, int lds, int block_size, int k_offset, int rows_per_cta,
-                       int k_split, int k_unit, bool pdl, cudaStream_t stream);
+                       int k_split, int k_unit, int unit16, int warps, bool pdl, cudaStream_t stream);
 cudaError_t launch_tiled(bool bf16, const void* x, const uint8_t* packed, const __half* scale, const void* bias,
                          void* y, int M, int N, int K, int ldp, int lds, int block_size, int k_offset, int tile,
                          cudaStream_t stream);
@@ -27,8 +27,9 @@ namespace {
 
 // Dispatch by M (measured on the H200, benchmarks/results/kernel-h200.md):
 //   M <= TERNARY_MMA_MAX_M (default 32) and the layer's blocks start on unit boundaries: the
-//     tensor-core kernel (csrc/ternary_mma.cu; units of 64 weights at M 9-16 where K <=
-//     TERNARY_MMA64_MAX_K, default 1024, else 128);
+//     tensor-core kernel (csrc/ternary_mma.cu; 16 warps a CTA where M <= 16 and its tiles fit
+//     in one wave, with units of 64 weights where K <= TERNARY_MMA64_MAX_K, default 1024;
+//     else 8 warps, units of 64 weights at M 9-16 where K <= that, else 128: launch_mma);
 //   else M <= TERNARY_TILED_MAX_M (default 64), N >= TERNARY_TILED_MIN_N (default 1536) and the
 //     tiled kernel's conditions hold (blocks on 128-weight boundaries, K % 8 == 0, x 16-byte
 //     aligned): the tiled tensor-core kernel (csrc/ternary_tiled.cu). At M = 64 it beat
@@ -109,7 +110,7 @@ torch::Tensor gemm_path(const torch::Tensor& x,       // [M, K] bf16/fp16
                         const torch::Tensor& scale,   // [N, lds] fp16
                         const std::optional<torch::Tensor>& bias,  // [N] x.dtype
                         int64_t block_size, int64_t k_offset, int64_t path, int64_t rows_per_cta,
-                        int64_t k_split, int64_t k_unit, int64_t tokens_per_cta, bool pdl) {
+                        int64_t k_split, int64_t k_unit, int64_t tokens_per_cta, int64_t warps, bool pdl) {
   CHECK_ARG(x.is_cuda() && packed.is_cuda() && scale.is_cuda(), "x, packed and scale must be CUDA tensors");
   CHECK_ARG(x.dim() == 2, "x must be 2-D [M, K], got ", x.sizes());
   CHECK_ARG(x.scalar_type() == at::kBFloat16 || x.scalar_type() == at::kHalf, "x must be bf16 or fp16, got ",
@@ -154,6 +155,10 @@ torch::Tensor gemm_path(const torch::Tensor& x,       // [M, K] bf16/fp16
               "rows_per_cta must be 0 (auto), 16, 32 or 64, got ", rows_per_cta);
   }
   CHECK_ARG(k_split >= 0 && k_split <= 8, "k_split must be 0 (auto) or 1..8 CTAs per tile along K, got ", k_split);
+  const bool warps_ok = warps == 0 || warps == 8 || (warps == 16 && (rows_per_cta == 0 || rows_per_cta == 16));
+  CHECK_ARG(warps_ok && (warps == 0 || path == kAuto || path == kMma),
+            "warps is the tensor-core kernel's (path 2): 0 (auto), 8, or 16 (with rows_per_cta 0 or 16), got ", warps,
+            " with path ", path, " and rows_per_cta ", rows_per_cta);
   CHECK_ARG(k_unit == 0 || k_unit == 128 || (k_unit == 64 && (rows_per_cta == 0 || rows_per_cta == 16)),
             "k_unit must be 0 (auto), 128, or 64 (with rows_per_cta 0 or 16), got ", k_unit, " with rows_per_cta ",
             rows_per_cta);
@@ -163,6 +168,10 @@ torch::Tensor gemm_path(const torch::Tensor& x,       // [M, K] bf16/fp16
   // at M <= 8 and on longer K, 128 (kernel-h200.md, "64-weight units").
   const bool unit64 = M > 8 && M <= 16 && K <= limits().mma64_max_k && (rows_per_cta == 0 || rows_per_cta == 16);
   const int64_t unit = k_unit != 0 ? k_unit : unit64 ? 64 : 128;
+  // The unit of the 16-warp tensor-core kernel where the launcher picks it (warps auto): 64
+  // where K <= TERNARY_MMA64_MAX_K and the blocks allow it, so K 1024 has a unit for each warp.
+  const int64_t unit16 = k_unit != 0 ? k_unit
+                         : K <= limits().mma64_max_k && block_size % 64 == 0 && k_offset % 64 == 0 ? 64 : 128;
   // The fused kernels load 8 code bytes at a time: rows padded to 8 bytes, 8-byte aligned.
   const bool rows_padded = ldp % 8 == 0 && reinterpret_cast<uintptr_t>(packed.data_ptr()) % 8 == 0;
   const bool mma_ok = rows_padded && block_size % unit == 0 && k_offset % unit == 0;
@@ -208,7 +217,7 @@ torch::Tensor gemm_path(const torch::Tensor& x,       // [M, K] bf16/fp16
   if (path == kMma) {
     check_cuda_error(ternary::launch_mma(bf16, x.data_ptr(), packed.data_ptr<uint8_t>(), scale_ptr, bias_ptr,
                                          y.data_ptr(), M, N, K, ldp, lds, block_size, k_offset, rows_per_cta, k_split,
-                                         unit, pdl, stream),
+                                         unit, unit16, warps, pdl, stream),
                      "ternary_mma_kernel launch", M, N, K);
     return y;
   }
@@ -246,7 +255,7 @@ torch::Tensor gemm_path(const torch::Tensor& x,       // [M, K] bf16/fp16
 
 torch::Tensor gemm(const torch::Tensor& x, const torch::Tensor& packed, const torch::Tensor& scale,
                    const std::optional<torch::Tensor>& bias, int64_t block_size, int64_t k_offset, bool pdl) {
-  return gemm_path(x, packed, scale, bias, block_size, k_offset, kAuto, 0, 0, 0, 0, pdl);
+  return gemm_path(x, packed, scale, bias, block_size, k_offset, kAuto, 0, 0, 0, 0, 0, pdl);
 }
 
 // W [N, K] in `dtype` (bf16/fp16): the large-M path's first half, exposed for benchmarks.
@@ -280,12 +289,13 @@ TORCH_LIBRARY(ternary_serve, m) {
   m.def("gemm(Tensor x, Tensor packed, Tensor scale, Tensor? bias, int block_size, int k_offset, bool pdl=False) "
         "-> Tensor");
   // One kernel forced (path 1 gemv, 2 tensor-core, 3 dequantize + cuBLAS, 4 tiled tensor-core,
-  // 5 wgmma; rows_per_cta, k_split and k_unit, the tensor-core kernel's W rows per CTA, CTAs per
-  // tile along K and weights of K per unit of work, the tiled kernel's W rows (and tokens) per
+  // 5 wgmma; rows_per_cta, k_split, k_unit and warps, the tensor-core kernel's W rows per CTA,
+  // CTAs per tile along K, weights of K per unit of work and warps a CTA (launch_mma), the tiled
+  // kernel's W rows (and tokens) per
   // CTA, the wgmma kernel's W rows per CTA with tokens_per_cta, 0 = auto): for tests and
   // benchmarks; gemm is path 0, chosen by M, with every tile choice automatic.
   m.def("gemm_path(Tensor x, Tensor packed, Tensor scale, Tensor? bias, int block_size, int k_offset, int path, "
-        "int rows_per_cta, int k_split=0, int k_unit=0, int tokens_per_cta=0, bool pdl=False) -> Tensor");
+        "int rows_per_cta, int k_split=0, int k_unit=0, int tokens_per_cta=0, int warps=0, bool pdl=False) -> Tensor");
   m.def("dequantize(Tensor packed, Tensor scale, int K, int block_size, int k_offset, ScalarType dtype) -> Tensor");
 }
 

@@ -110,9 +110,9 @@ def bench_shape(name, k, n, m, l2_bytes, replays, bs=128):
     def cublas(i):
         return lambda: torch.mm(xs[i % len(xs)], ws[i].t())
 
-    def path(i, p, rows=0, k_split=0, k_unit=0, tokens=0):
+    def path(i, p, rows=0, k_split=0, k_unit=0, tokens=0, warps=0):
         return lambda: torch.ops.ternary_serve.gemm_path(xs[i % len(xs)], packs[i], scales[i], None, bs, 0, p, rows,
-                                                         k_split, k_unit, tokens)
+                                                         k_split, k_unit, tokens, warps)
 
     def deq(i):
         return lambda: torch.mm(xs[i % len(xs)], torch.ops.ternary_serve.dequantize(packs[i], scales[i], k, bs, 0, torch.bfloat16).t())
@@ -129,8 +129,12 @@ def bench_shape(name, k, n, m, l2_bytes, replays, bs=128):
                 for r in (16, 32, 64)} if m <= 32 else None
     # ... and at each number of CTAs per tile along K (a cluster; 1 = v4's single CTA), where K
     # has more blocks than a CTA has warps (o, down)
-    mma_split = {str(ks): round(time_graph([path(i, 2, 0, ks) for i in range(copies_t)], replays), 3)
+    mma_split = {str(ks): round(time_graph([path(i, 2, 0, ks, 0, 0, 8) for i in range(copies_t)], replays), 3)
                  for ks in (1, 2, 3, 4)} if m <= 32 and k > 1024 else None
+    # ... and at 8 and 16 warps a CTA (16: 64-weight units where K <= 1024, as auto takes them)
+    mma_warps = {"8": round(time_graph([path(i, 2, 0, 0, 0, 0, 8) for i in range(copies_t)], replays), 3),
+                 "16": round(time_graph([path(i, 2, 0, 0, 64 if k <= 1024 else 0, 0, 16) for i in range(copies_t)],
+                                        replays), 3)} if m <= 16 else None
 
     def checked_times(check: tuple, variants: dict) -> tuple:
         """({name: us}, None) for each variant (gemm_path's path and choices), or (None, why) if
@@ -143,8 +147,8 @@ def bench_shape(name, k, n, m, l2_bytes, replays, bs=128):
 
     # 64-weight units (twice the units, half the chain per warp; k_split 2 gives K = 1024 one
     # unit a warp on 2x the CTAs), by CTAs per tile along K
-    mma64, mma64_error = (checked_times((2, 0, 0, 64), {str(ks): (2, 0, ks, 64) for ks in (1, 2, 3)}) if m <= 32
-                          else (None, None))
+    mma64, mma64_error = (checked_times((2, 0, 0, 64, 0, 8), {str(ks): (2, 0, ks, 64, 0, 8) for ks in (1, 2, 3)})
+                          if m <= 32 else (None, None))
     # the tiled tensor-core kernel (M >= 64; see the op's dispatch rule): auto tile and each tile
     tiled, tiled_error = checked_times((4, 0), {str(t): (4, t) for t in (0, 64, 128)}) if m >= 64 else (None, None)
     # the wgmma kernel (sm_90 only; M >= 64): auto tile and each tile width
@@ -182,7 +186,7 @@ def bench_shape(name, k, n, m, l2_bytes, replays, bs=128):
         "shape": name, "M": m, "K": k, "N": n,
         "ternary_us": round(t_tern, 3), "cublas_bf16_us": round(t_cub, 3), "dequant_us": round(t_deq, 3),
         "mma_us": None if t_mma is None else round(t_mma, 3), "gemv_us": None if t_gemv is None else round(t_gemv, 3),
-        "mma_us_by_rows_per_cta": mma_rows, "mma_us_by_k_split": mma_split,
+        "mma_us_by_rows_per_cta": mma_rows, "mma_us_by_k_split": mma_split, "mma_us_by_warps": mma_warps,
         "mma64_us_by_k_split": mma64, "mma64_error": mma64_error,
         "tiled_us": tiled["0"] if tiled else None, "tiled_us_by_tile": tiled, "tiled_error": tiled_error,
         "wgmma_us": wgmma["0"] if wgmma else None, "wgmma_us_by_tile": wgmma, "wgmma_error": wgmma_error,
@@ -294,11 +298,14 @@ def markdown(result: dict) -> str:
     lines += _by_table(result["rows"], "mma_us_by_rows_per_cta", ("16", "32", "64"),
                        "Tensor-core kernel by W rows per CTA (us; auto = the tensor-core us column):")
     lines += _by_table(result["rows"], "mma_us_by_k_split", ("1", "2", "3", "4"),
-                       "Tensor-core kernel by CTAs per tile along K (us; a thread-block cluster; 1 = one CTA per "
-                       "tile as in v4; auto chooses by SM count and K):")
+                       "Tensor-core kernel by CTAs per tile along K (us; 8 warps a CTA; a thread-block cluster; 1 = one "
+                       "CTA per tile as in v4; auto chooses by SM count and K):")
+    lines += _by_table(result["rows"], "mma_us_by_warps", ("8", "16"),
+                       "Tensor-core kernel by warps a CTA (us; 16: 64-weight units where K <= 1024; auto takes 16 where "
+                       "M <= 16 and the 16-row tiles fit in one wave of 16-warp CTAs):")
     lines += _by_table(result["rows"], "mma64_us_by_k_split", ("1", "2", "3"),
-                       "64-weight units (the op's auto at M 9-16 where K <= 1024; us by CTAs per tile along K; compare with the "
-                       "tensor-core us column):")
+                       "64-weight units on 8 warps (the op's auto at M 9-16 where K <= 1024 on 8 warps; us by CTAs per "
+                       "tile along K; compare with the tensor-core us column):")
     lines += _kernel_table(result["rows"], "tiled", ("64", "128"), ("64-row tile", "128-row tile"),
                            "Tiled tensor-core kernel, M >= 64 (us; auto = its tile rule; the op dispatches it at "
                            "M <= 64 where N >= 1536; `ternary us` above is the op as dispatched):", "Tiled kernel")

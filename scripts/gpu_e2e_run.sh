@@ -100,7 +100,7 @@ stage_kernel() {
   tail -5 "$OUT/gpu_tests.log"
   # the default tensor-core kernel (test ids "-mma-", "[mma]", split_k); its 64-weight
   # units ("-mma64-", served at M 9-16 with K <= 1024) are switched off alone if theirs fail
-  if grep -qE "FAILED.*(-mma-|\[mma\]|split_k)" "$OUT/gpu_tests.log"; then
+  if grep -qE "FAILED.*(-mma-|-mma16|\[mma\]|split_k)" "$OUT/gpu_tests.log"; then
     touch /root/mma_broken; echo "tensor-core kernel FAILED its tests"
   fi
   if grep -q "FAILED.*-mma64-" "$OUT/gpu_tests.log"; then touch /root/mma64_broken; echo "64-weight units FAILED their tests"; fi

@@ -115,9 +115,10 @@ PATH_SHAPES = [
     (260, 300, 5000, 0, 128, "40 scale blocks a row: past the 32 the wgmma kernel loads ahead of a tile"),
     (300, 8500, 4160, 64, 128, "large K: 34 scale blocks a row (k_offset 64), 134-201 tiles: the next tile's past 32"),
 ]
-# Each kernel's forced choices (rows_per_cta, k_split, k_unit[, tokens_per_cta]) for gemm_path; 0 = auto. The
-# tensor-core kernel: W rows per CTA, CTAs per tile along K (more than K's groups of 8 units is
-# capped by the launcher), weights of K per unit (mma64: 64-weight units; auto takes them at M 9-16 with K <= 1024);
+# Each kernel's forced choices (rows_per_cta, k_split, k_unit[, tokens_per_cta[, warps]]) for gemm_path; 0 = auto.
+# The tensor-core kernel: W rows per CTA, CTAs per tile along K (more than K's groups of 8 (16) units is
+# capped by the launcher), weights of K per unit (mma64: 64-weight units; auto takes them at M 9-16 with K <= 1024),
+# warps a CTA (mma16: 16, auto where the tiles fit in one wave at M <= 16);
 # the tiled kernel: W rows (and tokens) per CTA, 64 or 128; the wgmma kernel: W rows x tokens
 # per CTA, 128 x 128 or 128 x 256.
 KERNELS = {
@@ -125,6 +126,8 @@ KERNELS = {
     "mma": (MMA, [(0, 0, 0), (16, 0, 0), (32, 0, 0), (64, 0, 0), (0, 1, 0), (0, 2, 0), (0, 3, 0), (0, 8, 0),
                   (32, 2, 0)]),
     "mma64": (MMA, [(0, 0, 64), (16, 1, 64), (0, 2, 64), (0, 3, 64), (0, 8, 64)]),
+    "mma16": (MMA, [(0, 0, 0, 0, 16), (16, 1, 128, 0, 16), (0, 2, 0, 0, 16), (0, 0, 0, 0, 8)]),
+    "mma16u64": (MMA, [(0, 0, 64, 0, 16), (16, 3, 64, 0, 16)]),
     "dequant": (DEQUANT, [(0, 0, 0)]),
     "tiled": (TILED, [(0, 0, 0), (64, 0, 0), (128, 0, 0)]),
     "wgmma": (WGMMA, [(0, 0, 0, 0), (128, 0, 0, 128), (128, 0, 0, 256)]),
@@ -136,7 +139,7 @@ KERNELS = {
 @pytest.mark.parametrize("m,n,k,k_offset,bs,reason", PATH_SHAPES, ids=[s[-1] for s in PATH_SHAPES])
 def test_each_kernel_matches_reference(m, n, k, k_offset, bs, reason, kernel, dtype):
     path, choices = KERNELS[kernel]
-    unit = 64 if kernel == "mma64" else 128
+    unit = 64 if kernel.endswith("64") else 128
     if path == MMA and (k_offset % unit or bs % unit):
         pytest.skip(f"the tensor-core kernel at {unit}-weight units takes only blocks and shards on {unit}-weight "
                     "boundaries (tested below)")
@@ -159,6 +162,7 @@ def test_each_kernel_matches_reference(m, n, k, k_offset, bs, reason, kernel, dt
         y = torch.ops.ternary_serve.gemm_path(x, packed, scale, bias, bs, k_offset, path, *choice)
         torch.cuda.synchronize()
         tile = "rows/CTA {}, k_split {}, k_unit {}".format(*choice) + (f", tokens/CTA {choice[3]}" if len(choice) > 3 else "")
+        tile += f", warps {choice[4]}" if len(choice) > 4 else ""
         assert y.shape == (m, n) and y.dtype == dtype
         assert bool(torch.isfinite(y).all()), f"{reason}, {tile}: unwritten (NaN-poisoned) output"
         rel = _rel_err(y, ref)
@@ -278,7 +282,8 @@ def test_default_dispatch_takes_each_kernel_only_where_it_was_measured_faster():
     CTAs of 256 tokens) -> the wgmma kernel on Hopper, bit-identical to it forced and without a
     bf16 copy of W; M 2048 x N 1536 (96 CTAs: under a wave) and M 300 (under TERNARY_WGMMA_MIN_M)
     -> dequantize + cuBLAS, seen by its transient bf16 W. And the tensor-core kernel's unit: 64
-    weights at M 9-16 with K <= 1024, else 128."""
+    weights where K <= 1024 and 16 warps take the tiles (N 4096 at M 8 and 12), else 128; its
+    warps (on 128+ SMs): 16 at N 4096 (256 tiles, one wave at 2 CTAs an SM), 8 at N 6144."""
     import os
     import subprocess
     import sys
@@ -299,6 +304,13 @@ def test_default_dispatch_takes_each_kernel_only_where_it_was_measured_faster():
         "    same = [u for u in (64, 128) if torch.equal(y, torch.ops.ternary_serve.gemm_path(x, packed, scale, bias,"
         " 128, 0, 2, 0, 0, u))]\n"
         "    out.append(f'{m},{k}:{same}')\n"
+        "big = torch.cuda.get_device_properties(0).multi_processor_count >= 128\n"
+        "for m, n in ((8, 4096), (1, 6144)):\n"
+        "    x, packed, scale, bias, _, _ = _case(m, n, 1024, 0, 128, torch.bfloat16, seed=m + n)\n"
+        "    y = torch.ops.ternary_serve.gemm(x, packed, scale, bias, 128, 0)\n"
+        "    same = [w for w in (8, 16) if torch.equal(y, torch.ops.ternary_serve.gemm_path(x, packed, scale, bias,"
+        " 128, 0, 2, 0, warps=w, k_unit=64 if w == 16 else 0))]\n"
+        "    out.append(f'{m},{n}:{same}' if big else f'{m},{n}:small-gpu')\n"
         "hopper = torch.cuda.get_device_capability() == (9, 0)\n"
         "for m, n in ((4096, 1024), (2048, 1536), (300, 6144)):\n"
         "    x, packed, scale, bias, _, _ = _case(m, n, 1024, 0, 128, torch.bfloat16, seed=m)\n"
@@ -316,9 +328,12 @@ def test_default_dispatch_takes_each_kernel_only_where_it_was_measured_faster():
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300, check=False,
                           cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     assert proc.returncode == 0, proc.stderr[-3000:]
+    big = torch.cuda.get_device_properties(0).multi_processor_count >= 128
     assert proc.stdout.split() == ["64,2048:[4]", "40,1536:[4]", "64,1024:[3]", "65,2048:[3]", "12,1024:[64]",
-                                   "16,2048:[128]", "8,1024:[128]", "4096,1024:" + ("wgmma" if HOPPER else "dequant"),
-                                   "2048,1536:dequant", "300,6144:dequant"], proc.stdout
+                                   "16,2048:[128]", "8,1024:[64]"] + (["8,4096:[16]", "1,6144:[8]"] if big else
+                                                                      ["8,4096:small-gpu", "1,6144:small-gpu"]) + [
+                                   "4096,1024:" + ("wgmma" if HOPPER else "dequant"), "2048,1536:dequant",
+                                   "300,6144:dequant"], proc.stdout
 
 
 def test_reference_path_agrees_on_gpu():
@@ -358,13 +373,16 @@ def test_cuda_graph_and_compile_capture():
     assert torch.equal(compiled(x), expect)
 
 
-# (M, N = K, rows_per_cta, k_split, k_unit): launches of the tensor-core kernel that PDL joins:
-# one CTA a tile, a 3-CTA cluster (both launch attributes), 64-weight units, 32-row tiles.
-PDL_CASES = [(1, 1024, 0, 0, 0), (16, 3072, 0, 3, 0), (12, 1024, 0, 0, 64), (5, 2048, 32, 1, 0)]
+# (M, N = K, rows_per_cta, k_split, k_unit, warps): launches of the tensor-core kernel that PDL
+# joins: auto (16 warps here), a 3-CTA cluster (both launch attributes), 64-weight units on 8
+# warps, 32-row tiles, a 2-CTA cluster of 16-warp CTAs.
+PDL_CASES = [(1, 1024, 0, 0, 0, 0), (16, 3072, 0, 3, 0, 8), (12, 1024, 0, 0, 64, 8), (5, 2048, 32, 1, 0, 8),
+             (8, 2048, 16, 2, 0, 16)]
 
 
-@pytest.mark.parametrize("m,k,rows,k_split,k_unit", PDL_CASES, ids=["m1", "cluster3", "unit64", "rows32"])
-def test_pdl_waits_for_the_kernel_that_wrote_its_activations(m, k, rows, k_split, k_unit):
+@pytest.mark.parametrize("m,k,rows,k_split,k_unit,warps", PDL_CASES,
+                         ids=["m1", "cluster3", "unit64", "rows32", "w16cluster2"])
+def test_pdl_waits_for_the_kernel_that_wrote_its_activations(m, k, rows, k_split, k_unit, warps):
     """With programmatic dependent launch (pdl=True, as the plugin calls the op) a call starts
     while the kernel before it runs and must wait for it before reading its activations. A chain
     of square layers in which each call reads what the call just before it wrote (the first reads
@@ -380,8 +398,8 @@ def test_pdl_waits_for_the_kernel_that_wrote_its_activations(m, k, rows, k_split
         cur = torch.mul(x, 1.0)  # written by a kernel just before the first call
         outs = []
         for _ in range(6):
-            cur = torch.ops.ternary_serve.gemm_path(cur, packed, scale, bias, 128, 0, MMA, rows, k_split, k_unit, 0,
-                                                    pdl)
+            cur = torch.ops.ternary_serve.gemm_path(cur, packed, scale, bias, 128, 0, MMA, rows, k_split, k_unit,
+                                                    warps=warps, pdl=pdl)
             outs.append(cur)
         return outs
 
@@ -411,6 +429,11 @@ def test_bad_inputs_are_named():
         torch.ops.ternary_serve.gemm(x, packed[:, :8].contiguous(), scale, None, 128, 0)
     with pytest.raises(RuntimeError, match="x must be bf16 or fp16"):
         torch.ops.ternary_serve.gemm(x.float(), packed, scale, None, 128, 0)
+    with pytest.raises(RuntimeError, match="warps is the tensor-core kernel's \\(path 2\\): 0 \\(auto\\), 8, or 16 \\(with "
+                                           "rows_per_cta 0 or 16\\), got 16 with path 2 and rows_per_cta 32"):
+        torch.ops.ternary_serve.gemm_path(x, packed, scale, None, 128, 0, MMA, 32, 0, 0, 0, 16)
+    with pytest.raises(RuntimeError, match="got 8 with path 4"):
+        torch.ops.ternary_serve.gemm_path(x, packed, scale, None, 128, 0, TILED, 0, 0, 0, 0, 8)
     with pytest.raises(RuntimeError, match="k_split must be 0 \\(auto\\) or 1..8 CTAs per tile along K, got 9"):
         torch.ops.ternary_serve.gemm_path(x, packed, scale, None, 128, 0, MMA, 0, 9)
     with pytest.raises(RuntimeError, match="k_unit must be 0 \\(auto\\), 128, or 64 \\(with rows_per_cta 0 or "

@@ -3,7 +3,7 @@
 // median of 50 event-timed replays over the calls), launched as the op launches it at M <= 16
 // (16 W rows a CTA, 64-weight units at M 9-16 with K <= 1024, the auto split along K):
 //
-//   nvcc -std=c++17 -O3 -gencode arch=compute_90a,code=sm_90a [-DPDL] [-DMMA_PROBE=b] \
+//   nvcc -std=c++17 -O3 -gencode arch=compute_90a,code=sm_90a [-DPDL] [-DMMA_PROBE=b] [-DWARPS=w] \
 //        scripts/probes/mma_probe.cu -o /tmp/mma && /tmp/mma
 //
 // Columns (us per call):
@@ -44,10 +44,15 @@ __global__ void norm_rows(const uint4* __restrict__ src, uint4* __restrict__ dst
 }
 
 // The op's launch at M <= 16 (ternary_ops.cpp: 64-weight units at M 9-16 where K <=
-// TERNARY_MMA64_MAX_K, 1024; W rows per CTA and the split along K automatic).
+// TERNARY_MMA64_MAX_K, 1024, and for the 16-warp kernel where K <= 1024; warps, W rows per CTA
+// and the split along K automatic). -DWARPS=8 or 16 forces the warps a CTA.
+#ifndef WARPS
+#define WARPS 0
+#endif
 static void gemm(const bf16* x, const uint8_t* p, const __half* s, bf16* y, int M, int N, int K, cudaStream_t st) {
-  const int unit = M > 8 && K <= 1024 ? 64 : 128;
-  CHECK(ternary::launch_mma(true, x, p, s, nullptr, y, M, N, K, K / 4, K / 128, 128, 0, 0, 0, unit, kPdl, st));
+  const int unit = M > 8 && K <= 1024 ? 64 : 128, unit16 = K <= 1024 ? 64 : 128;
+  CHECK(ternary::launch_mma(true, x, p, s, nullptr, y, M, N, K, K / 4, K / 128, 128, 0, 0, 0, unit, unit16, WARPS,
+                            kPdl, st));
 }
 
 static float bf16_to_float(uint16_t b) {
