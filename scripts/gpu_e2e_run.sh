@@ -42,8 +42,8 @@
 # (4 s of wall time, ~35 s of device time) and one of run_probes.sh with five mma_probe
 # variants (52 s of wall time, ~115 s); the lease was given back after each.
 # Tenth session (nvidia-h200, every call cold, lease given back after each): three calls of
-# run_probes.sh (24, 76 s of wall time; ~50 and ~110 s of device time) and two of `setup kernel`
-# (+ probes or pdl_pairs.py; 203 and 160 s of wall time, ~230 and ~190 s); ~590 of 1800 s in all.
+# run_probes.sh alone (24-76 s of wall time; ~50-110 s of device time each) and three of `setup
+# kernel` (+ probes or pdl_pairs.py; 160-203 s of wall time, ~190-230 s each).
 #
 # Everything a stage measures lands in $OUT (at most 8 files come back: JSON results, a log
 # tarball); scripts/bench_e2e.py report merges them here afterwards. The parts of earlier GPU
