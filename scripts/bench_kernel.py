@@ -33,8 +33,9 @@ MS = [1, 8, 16, 64, 256, 1024, 4096, 16384]
 WGMMA_TOKENS = (128, 256)  # the wgmma kernel's tile widths (tokens; 128 W rows each), timed forced
 
 
-def time_graph(fn_list, replays: int) -> float:
-    """Median microseconds per call of a CUDA graph that runs every fn in fn_list once."""
+def time_graph(fn_list, replays: int, replay_stream: torch.cuda.Stream | None = None) -> float:
+    """Median microseconds per call of a CUDA graph that runs every fn in fn_list once, replayed
+    on the current stream (or on replay_stream)."""
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
@@ -45,16 +46,17 @@ def time_graph(fn_list, replays: int) -> float:
     with torch.cuda.graph(graph):
         for fn in fn_list:
             fn()
-    for _ in range(5):
-        graph.replay()
-    times = []
-    for _ in range(replays):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        graph.replay()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) * 1000 / len(fn_list))
+    with torch.cuda.stream(replay_stream or torch.cuda.current_stream()):
+        for _ in range(5):
+            graph.replay()
+        times = []
+        for _ in range(replays):
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            graph.replay()
+            b.record()
+            b.synchronize()
+            times.append(a.elapsed_time(b) * 1000 / len(fn_list))
     return statistics.median(times)
 
 

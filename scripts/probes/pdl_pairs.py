@@ -3,7 +3,8 @@
 bench_kernel.py measured a loss (~0.2 us a call) after torch's elementwise mul, mma_probe.cu a
 gain (~0.3-0.5 us) after its own row-copy kernel. This times the op (pdl False / True) after
 several predecessors that write its activations, in bench_kernel's harness (CUDA graph over
-rotating copies, median of event-timed replays): torch.mul, torch's rms_norm then copy_ (a
+rotating copies, median of event-timed replays, on the default stream as bench_kernel replays
+and on a side stream as mma_probe.cu does): torch.mul, torch's rms_norm then copy_ (a
 device-to-device copy last), and a Triton row copy (a kernel outside ATen). GPU machine,
 extension built:
 
@@ -54,20 +55,23 @@ def time_shape(name: str, k: int, n: int, m: int, l2: int) -> None:
             torch.ops.ternary_serve.gemm(xs[i], packs[i], scales[i], None, 128, 0, pdl)
         return f
 
+    side = torch.cuda.Stream()  # a non-default stream, as mma_probe.cu replays on
     for pname, pred in preds.items():
-        alone = time_graph([lambda i=i, pred=pred: pred(i) for i in range(copies)], 50)
-        plain = time_graph([pair(pred, i, False) for i in range(copies)], 50)
-        pdl = time_graph([pair(pred, i, True) for i in range(copies)], 50)
-        print(f"| {name} | {m} | {pname} | {alone:.3f} | {plain:.3f} | {pdl:.3f} | {pdl - plain:+.3f} |", flush=True)
+        for where, stream in (("default", None), ("side", side)):
+            alone = time_graph([lambda i=i, pred=pred: pred(i) for i in range(copies)], 50, stream)
+            plain = time_graph([pair(pred, i, False) for i in range(copies)], 50, stream)
+            pdl = time_graph([pair(pred, i, True) for i in range(copies)], 50, stream)
+            print(f"| {name} | {m} | {pname} | {where} | {alone:.3f} | {plain:.3f} | {pdl:.3f} | {pdl - plain:+.3f} |",
+                  flush=True)
 
 
 def main() -> None:
     ops.ensure_op_registered()
     l2 = torch.cuda.get_device_properties(0).L2_cache_size
     print(f"{torch.cuda.get_device_name(0)}; us per call (pair = predecessor + op)")
-    print("| shape | M | predecessor | alone | pair, op plain | pair, op PDL | PDL - plain |")
-    print("|---|---|---|---|---|---|---|")
-    for name, k, n in (("qkv", 1024, 4096), ("gate_up", 1024, 6144), ("o", 2048, 1024)):
+    print("| shape | M | predecessor | replayed on | alone | pair, op plain | pair, op PDL | PDL - plain |")
+    print("|---|---|---|---|---|---|---|---|")
+    for name, k, n in (("qkv", 1024, 4096), ("gate_up", 1024, 6144)):
         for m in (1, 16):
             time_shape(name, k, n, m, l2)
 

@@ -60,7 +60,10 @@ double time_graph(cudaStream_t s, int copies, Call call) {
   CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
   for (int i = 0; i < copies; ++i) call(s, i);
   CHECK(cudaStreamEndCapture(s, &g));
-  CHECK(cudaGraphInstantiate(&ge, g, 0));
+  // PROBE_GRAPH_FLAGS: cudaGraphInstantiateWithFlags' flags (torch instantiates with 1,
+  // cudaGraphInstantiateFlagAutoFreeOnLaunch); 0 if unset
+  const char* flags = std::getenv("PROBE_GRAPH_FLAGS");
+  CHECK(cudaGraphInstantiateWithFlags(&ge, g, flags ? std::strtoull(flags, nullptr, 10) : 0));
   for (int r = 0; r < 5; ++r) CHECK(cudaGraphLaunch(ge, s));
   cudaEvent_t a, b;
   CHECK(cudaEventCreate(&a));
