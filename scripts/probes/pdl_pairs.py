@@ -8,7 +8,7 @@ and on a side stream as mma_probe.cu does): torch.mul, torch's rms_norm then cop
 device-to-device copy last), and a Triton row copy (a kernel outside ATen). GPU machine,
 extension built:
 
-    python scripts/probes/pdl_pairs.py
+    python scripts/probes/pdl_pairs.py [--dot FILE]   (--dot: only write the graph of two pairs)
 """
 
 from __future__ import annotations
@@ -65,6 +65,25 @@ def time_shape(name: str, k: int, n: int, m: int, l2: int) -> None:
                   flush=True)
 
 
+def dump_graph(path: str) -> None:
+    """The torch-captured graph of two (torch.mul, op with PDL) pairs at qkv M 1, as Graphviz
+    (CUDAGraph.debug_dump: node types, launch attributes, edge types), for comparison with
+    mma_probe.cu's graph (PROBE_DOT)."""
+    k, n, m = 1024, 4096, 1
+    packed = ops.pad_packed_rows(fmt.pack_ternary(torch.randint(-1, 2, (n, k), device="cuda", dtype=torch.int8)))
+    scale = (torch.rand(n, k // 128, device="cuda") * 0.05 + 0.01).half()
+    src = torch.randn(m, k, device="cuda").to(torch.bfloat16)
+    x = src.clone()
+    graph = torch.cuda.CUDAGraph()
+    graph.enable_debug_mode()
+    for warm in (True, False):
+        with torch.cuda.graph(graph) if not warm else torch.cuda.stream(torch.cuda.Stream()):
+            for _ in range(2):
+                torch.mul(src, 1.0, out=x)
+                torch.ops.ternary_serve.gemm(x, packed, scale, None, 128, 0, True)
+    graph.debug_dump(path)
+
+
 def main() -> None:
     ops.ensure_op_registered()
     l2 = torch.cuda.get_device_properties(0).L2_cache_size
@@ -77,4 +96,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    if len(sys.argv) > 2 and sys.argv[1] == "--dot":
+        dump_graph(sys.argv[2])
+    else:
+        main()

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <string>
 #include <vector>
 
 #define CHECK(call)                                                                     \
@@ -60,6 +61,13 @@ double time_graph(cudaStream_t s, int copies, Call call) {
   CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
   for (int i = 0; i < copies; ++i) call(s, i);
   CHECK(cudaStreamEndCapture(s, &g));
+  // PROBE_DOT=prefix: the first three graphs as Graphviz files prefix_0.dot .. prefix_2.dot
+  // (cudaGraphDebugDotPrint, verbose: node types, launch attributes, edge types)
+  static int dumped = 0;
+  if (const char* dot = std::getenv("PROBE_DOT"); dot && dumped < 3) {
+    const std::string path = std::string(dot) + "_" + std::to_string(dumped++) + ".dot";
+    CHECK(cudaGraphDebugDotPrint(g, path.c_str(), cudaGraphDebugDotFlagsVerbose));
+  }
   // PROBE_GRAPH_FLAGS: cudaGraphInstantiateWithFlags' flags (torch instantiates with 1,
   // cudaGraphInstantiateFlagAutoFreeOnLaunch); 0 if unset
   const char* flags = std::getenv("PROBE_GRAPH_FLAGS");
