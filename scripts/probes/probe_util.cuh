@@ -49,6 +49,9 @@ inline cudaLaunchAttribute pdl_attribute() {
   return a;
 }
 
+// Graphs written so far under PROBE_DOT (one count for every time_graph instantiation).
+inline int g_dot_dumped = 0;
+
 // bench_kernel.time_graph: median us per call of a CUDA graph that makes `copies` calls
 // (`call(stream, i)` enqueues call i), after one eager pass and 5 replays of warm-up; 50 replays
 // timed with CUDA events.
@@ -63,9 +66,8 @@ double time_graph(cudaStream_t s, int copies, Call call) {
   CHECK(cudaStreamEndCapture(s, &g));
   // PROBE_DOT=prefix: the first three graphs as Graphviz files prefix_0.dot .. prefix_2.dot
   // (cudaGraphDebugDotPrint, verbose: node types, launch attributes, edge types)
-  static int dumped = 0;
-  if (const char* dot = std::getenv("PROBE_DOT"); dot && dumped < 3) {
-    const std::string path = std::string(dot) + "_" + std::to_string(dumped++) + ".dot";
+  if (const char* dot = std::getenv("PROBE_DOT"); dot && g_dot_dumped < 3) {
+    const std::string path = std::string(dot) + "_" + std::to_string(g_dot_dumped++) + ".dot";
     CHECK(cudaGraphDebugDotPrint(g, path.c_str(), cudaGraphDebugDotFlagsVerbose));
   }
   // PROBE_GRAPH_FLAGS: cudaGraphInstantiateWithFlags' flags (torch instantiates with 1,
