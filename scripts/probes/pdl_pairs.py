@@ -69,6 +69,7 @@ def dump_graph(path: str) -> None:
     """The torch-captured graph of two (torch.mul, op with PDL) pairs at qkv M 1, as Graphviz
     (CUDAGraph.debug_dump: node types, launch attributes, edge types), for comparison with
     mma_probe.cu's graph (PROBE_DOT)."""
+    ops.ensure_op_registered()
     k, n, m = 1024, 4096, 1
     packed = ops.pad_packed_rows(fmt.pack_ternary(torch.randint(-1, 2, (n, k), device="cuda", dtype=torch.int8)))
     scale = (torch.rand(n, k // 128, device="cuda") * 0.05 + 0.01).half()
