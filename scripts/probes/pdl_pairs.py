@@ -75,7 +75,7 @@ def dump_graph(path: str) -> None:
     scale = (torch.rand(n, k // 128, device="cuda") * 0.05 + 0.01).half()
     src = torch.randn(m, k, device="cuda").to(torch.bfloat16)
     x = src.clone()
-    graph = torch.cuda.CUDAGraph()
+    graph = torch.cuda.CUDAGraph(keep_graph=True)  # the graph itself kept for the dump
     graph.enable_debug_mode()
     for warm in (True, False):
         with torch.cuda.graph(graph) if not warm else torch.cuda.stream(torch.cuda.Stream()):
