@@ -26,10 +26,15 @@ cudaError_t launch_tiled(bool bf16, const void* x, const uint8_t* packed, const 
 namespace {
 
 // Dispatch by M (measured on the H200, benchmarks/results/kernel-h200.md):
-//   M <= TERNARY_MMA_MAX_M (default 32) and the layer's blocks start on unit boundaries: the
+//   M <= TERNARY_MMA_MAX_M (default 32), or M <= TERNARY_MMA_NARROW_MAX_M (default 64) where N <=
+//     TERNARY_MMA_NARROW_MAX_N (default 1536), and the layer's blocks start on unit boundaries: the
 //     tensor-core kernel (csrc/ternary_mma.cu; 16 warps a CTA where M <= 16 and its tiles fit
 //     in one wave, with units of 64 weights where K <= TERNARY_MMA64_MAX_K, default 1024;
-//     else 8 warps, units of 64 weights at M 9-16 where K <= that, else 128: launch_mma);
+//     else 8 warps, units of 64 weights at M 9-16 where K <= that, else 128: launch_mma). At M =
+//     64 on the narrow layers (N 1024-1536: 64-96 CTAs a token tile) it beat the op's choice then
+//     (dequantize + cuBLAS, or tiled at N 1536) on all six: o 6.65 vs 8.99 us, down 9.37 vs 12.05,
+//     qkv/tp4 4.05 vs 6.12, o/tp4 3.27 vs 4.90, gate_up/tp4 5.79 vs 7.04, down/tp4 3.61 vs 5.58
+//     (kernel-h200.md of abe05a0); at N >= 4096 the tiled kernel wins, and at M = 256 both others;
 //   else M <= TERNARY_TILED_MAX_M (default 64), N >= TERNARY_TILED_MIN_N (default 1536) and the
 //     tiled kernel's conditions hold (blocks on 128-weight boundaries, K % 8 == 0, x 16-byte
 //     aligned): the tiled tensor-core kernel (csrc/ternary_tiled.cu). At M = 64 it beat
@@ -59,10 +64,12 @@ int64_t env_int(const char* name, int64_t fallback) {
 }
 // The dispatch limits above, read once per process.
 struct Limits {
-  int64_t gemv_max_m, mma_max_m, mma64_max_k, tiled_max_m, tiled_min_n, wgmma_min_m, wgmma_max_m;
+  int64_t gemv_max_m, mma_max_m, mma_narrow_max_m, mma_narrow_max_n, mma64_max_k, tiled_max_m, tiled_min_n,
+      wgmma_min_m, wgmma_max_m;
 };
 const Limits& limits() {
   static const Limits v{env_int("TERNARY_GEMV_MAX_M", 1),    env_int("TERNARY_MMA_MAX_M", 32),
+                        env_int("TERNARY_MMA_NARROW_MAX_M", 64), env_int("TERNARY_MMA_NARROW_MAX_N", 1536),
                         env_int("TERNARY_MMA64_MAX_K", 1024), env_int("TERNARY_TILED_MAX_M", 64),
                         env_int("TERNARY_TILED_MIN_N", 1536), env_int("TERNARY_WGMMA_MIN_M", 1024),
                         env_int("TERNARY_WGMMA_MAX_M", 8192)};
@@ -186,7 +193,8 @@ torch::Tensor gemm_path(const torch::Tensor& x,       // [M, K] bf16/fp16
                         (k_offset + K - 1) / block_size - k_offset / block_size + 1 <= ternary::kWgmmaMaxScaleCols;
   if (path == kAuto) {
     const int64_t wg_min = limits().wgmma_min_m;
-    path = (mma_ok && M <= limits().mma_max_m)      ? kMma
+    const bool mma_m = M <= limits().mma_max_m || (M <= limits().mma_narrow_max_m && N <= limits().mma_narrow_max_n);
+    path = (mma_ok && mma_m)                         ? kMma
            : (tiled_ok && M <= limits().tiled_max_m && N >= limits().tiled_min_n) ? kTiled
            : (wgmma_ok && wg_min > 0 && M >= wg_min && M <= limits().wgmma_max_m && ternary::wgmma_supported() &&
               ternary::wgmma_fills_gpu(M, N))                                      ? kWgmma

@@ -58,7 +58,7 @@ export PYTHONPATH="$PWD:/root/site${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=
 LOGS=/root/e2e-logs
 # The tensor-core kernel (and the gemv) are switched off for the e2e stages if their tests failed
 # (kernel stage): then dequantize + cuBLAS, v3's unchanged path, serves every M.
-[ -e /root/mma_broken ] && export TERNARY_MMA_MAX_M=0 && echo "NOTE: tensor-core kernel off (its GPU tests failed)"
+[ -e /root/mma_broken ] && export TERNARY_MMA_MAX_M=0 TERNARY_MMA_NARROW_MAX_M=0 && echo "NOTE: tensor-core kernel off (its GPU tests failed)"
 [ -e /root/gemv_broken ] && export TERNARY_GEMV_MAX_M=0 && echo "NOTE: gemv kernel off (its GPU tests failed)"
 [ -e /root/mma64_broken ] && export TERNARY_MMA64_MAX_K=0 && echo "NOTE: 64-weight units off (their GPU tests failed)"
 [ -e /root/tiled_broken ] && export TERNARY_TILED_MAX_M=0 && echo "NOTE: tiled kernel off (its GPU tests failed)"
@@ -96,7 +96,7 @@ stage_setup() {
 stage_kernel() {
   nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv
   # the auto-dispatch tests (test_gemm_matches_*) run the tiled kernel at every M > 32 and N
-  TERNARY_TILED_MAX_M=1000000000 TERNARY_TILED_MIN_N=0 python3 -X faulthandler -m pytest -q -p no:cacheprovider -m gpu \
+  TERNARY_TILED_MAX_M=1000000000 TERNARY_TILED_MIN_N=0 TERNARY_MMA_NARROW_MAX_M=0 python3 -X faulthandler -m pytest -q -p no:cacheprovider -m gpu \
     tests/test_kernel_gpu.py -k "not bad_inputs" > "$OUT/gpu_tests.log" 2>&1
   tail -5 "$OUT/gpu_tests.log"
   # the default tensor-core kernel (test ids "-mma-", "[mma]", split_k); its 64-weight

@@ -277,8 +277,9 @@ def test_wgmma_kernel_is_deterministic_and_refuses_what_it_cannot_read():
 
 
 def test_default_dispatch_takes_each_kernel_only_where_it_was_measured_faster():
-    """Without the overrides the kernel stage sets: M <= 64 and N >= 1536 -> the tiled kernel
-    (bit-identical to it forced), N = 1024 or M = 65 -> dequantize + cuBLAS. M 4096 x N 1024 (128
+    """Without the overrides the kernel stage sets: M <= 64 and N <= 1536 -> the tensor-core
+    kernel, M <= 64 and N > 1536 -> the tiled kernel (each bit-identical to it forced), M = 65 ->
+    dequantize + cuBLAS. M 4096 x N 1024 (128
     CTAs of 256 tokens) -> the wgmma kernel on Hopper, bit-identical to it forced and without a
     bf16 copy of W; M 2048 x N 1536 (96 CTAs: under a wave) and M 300 (under TERNARY_WGMMA_MIN_M)
     -> dequantize + cuBLAS, seen by its transient bf16 W. And the tensor-core kernel's unit: 64
@@ -292,11 +293,11 @@ def test_default_dispatch_takes_each_kernel_only_where_it_was_measured_faster():
         "import torch\n"
         "from tests.test_kernel_gpu import _case\n"
         "out = []\n"
-        "for m, n in ((64, 2048), (40, 1536), (64, 1024), (65, 2048)):\n"
+        "for m, n in ((64, 2048), (40, 1536), (64, 1024), (65, 2048), (65, 1024)):\n"
         "    x, packed, scale, bias, _, _ = _case(m, n, 1024, 0, 128, torch.bfloat16, seed=m + n)\n"
         "    y = torch.ops.ternary_serve.gemm(x, packed, scale, bias, 128, 0)\n"
-        "    same = [p for p in (3, 4) if torch.equal(y, torch.ops.ternary_serve.gemm_path(x, packed, scale, bias, 128,"
-        " 0, p, 0))]\n"
+        "    same = [p for p in (2, 3, 4) if torch.equal(y, torch.ops.ternary_serve.gemm_path(x, packed, scale, bias,"
+        " 128, 0, p, 0))]\n"
         "    out.append(f'{m},{n}:{same}')\n"
         "for m, k in ((12, 1024), (16, 2048), (8, 1024)):\n"
         "    x, packed, scale, bias, _, _ = _case(m, 4096, k, 0, 128, torch.bfloat16, seed=m + k)\n"
@@ -329,8 +330,9 @@ def test_default_dispatch_takes_each_kernel_only_where_it_was_measured_faster():
                           cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     assert proc.returncode == 0, proc.stderr[-3000:]
     big = torch.cuda.get_device_properties(0).multi_processor_count >= 128
-    assert proc.stdout.split() == ["64,2048:[4]", "40,1536:[4]", "64,1024:[3]", "65,2048:[3]", "12,1024:[64]",
-                                   "16,2048:[128]", "8,1024:[64]"] + (["8,4096:[16]", "1,6144:[8]"] if big else
+    assert proc.stdout.split() == ["64,2048:[4]", "40,1536:[2]", "64,1024:[2]", "65,2048:[3]", "65,1024:[3]",
+                                   "12,1024:[64]", "16,2048:[128]", "8,1024:[64]"] + (
+                                   ["8,4096:[16]", "1,6144:[8]"] if big else
                                                                       ["8,4096:small-gpu", "1,6144:small-gpu"]) + [
                                    "4096,1024:" + ("wgmma" if HOPPER else "dequant"), "2048,1536:dequant",
                                    "300,6144:dequant"], proc.stdout
