@@ -41,9 +41,9 @@
 # Ninth session (nvidia-h200, 337 s of device time left to it): one call of floor_probe.cu
 # (4 s of wall time, ~35 s of device time) and one of run_probes.sh with five mma_probe
 # variants (52 s of wall time, ~115 s); the lease was given back after each.
-# Tenth session (nvidia-h200, 11 calls, lease given back after each; ~1330 of 1800 s): three of
-# run_probes.sh alone (24-76 s of wall time; ~50-110 s of device time each), three of `setup
-# kernel` + probes or pdl_pairs.py (160-203 s of wall time, ~190-230 s each), and five for
+# Tenth session (nvidia-h200, 12 calls, lease given back after each; ~1530 of 1800 s): three of
+# run_probes.sh alone (24-76 s of wall time; ~50-110 s of device time each), four of `setup
+# kernel` (+ probes or pdl_pairs.py; 160-203 s of wall time, ~190-230 s each), and five for
 # pdl_pairs.py and the graph dumps (`setup` + script, 5-98 s of wall time; two on a warm machine).
 #
 # Everything a stage measures lands in $OUT (at most 8 files come back: JSON results, a log
