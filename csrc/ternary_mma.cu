@@ -27,9 +27,10 @@
 // the units round-robin (split-K inside the CTA) and add their partial sums through shared
 // memory in a fixed order. Where 8 warps leave SMs idle (N / 16R tiles < SM count) and each
 // warp would walk 3+ units of K in series, k_split CTAs share a tile: they form a
-// thread-block cluster along grid.z (sm_90), each takes every k_split-th group of 8 blocks,
-// and they add their partial tiles through distributed shared memory, each CTA finishing
-// 1/k_split of the tile's outputs by reading all k_split partials in rank order. No workspace,
+// thread-block cluster along grid.z (sm_90), each takes every k_split-th group of W units (a
+// unit for each of its warps), and they add their partial tiles through distributed shared
+// memory, each CTA finishing 1/k_split of the tile's outputs by reading all k_split partials in
+// rank order. No workspace,
 // no atomics, no second kernel, and the sum's order is fixed: the result is deterministic.
 // Requires block_size % 128 == 0 and k_offset % 128 == 0 (true for every layer whose shard
 // starts on a block; the others use the gemv or dequantize paths) and rows padded to 8 bytes

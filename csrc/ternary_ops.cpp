@@ -299,9 +299,9 @@ TORCH_LIBRARY(ternary_serve, m) {
   // One kernel forced (path 1 gemv, 2 tensor-core, 3 dequantize + cuBLAS, 4 tiled tensor-core,
   // 5 wgmma; rows_per_cta, k_split, k_unit and warps, the tensor-core kernel's W rows per CTA,
   // CTAs per tile along K, weights of K per unit of work and warps a CTA (launch_mma), the tiled
-  // kernel's W rows (and tokens) per
-  // CTA, the wgmma kernel's W rows per CTA with tokens_per_cta, 0 = auto): for tests and
-  // benchmarks; gemm is path 0, chosen by M, with every tile choice automatic.
+  // kernel's W rows (and tokens) per CTA, the wgmma kernel's W rows per CTA with tokens_per_cta,
+  // 0 = auto): for tests and benchmarks; gemm is path 0, chosen by M, with every tile choice
+  // automatic.
   m.def("gemm_path(Tensor x, Tensor packed, Tensor scale, Tensor? bias, int block_size, int k_offset, int path, "
         "int rows_per_cta, int k_split=0, int k_unit=0, int tokens_per_cta=0, int warps=0, bool pdl=False) -> Tensor");
   m.def("dequantize(Tensor packed, Tensor scale, int K, int block_size, int k_offset, ScalarType dtype) -> Tensor");

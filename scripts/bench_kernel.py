@@ -74,22 +74,36 @@ def ceilings() -> dict:
     return {"copy_TBps": round(copy_tbps, 3), "bf16_matmul_8192_TFLOPs": round(2 * 8192**3 / (t * 1e-6) / 1e12, 1)}
 
 
-def bench_shape(name, k, n, m, l2_bytes, replays, bs=128):
+def rotating_copies(l2_bytes: int, call_bytes: int) -> int:
+    """How many copies of one call's inputs a timed graph cycles through: past twice the L2, so
+    the weights stream from HBM."""
+    return max(2, math.ceil(2 * l2_bytes / call_bytes))
+
+
+def random_layers(n: int, k: int, copies: int, g: torch.Generator, bs: int = 128) -> tuple[list, list]:
+    """`copies` random ternary layers [N, K] on the GPU: packed codes (rows padded as the kernels
+    want them) and fp16 scales in [0.01, 0.06), each layer's codes then scales from `g`."""
     from ternary_plugin import format as fmt
     from ternary_plugin import ops
+
+    packs, scales = [], []
+    for _ in range(copies):
+        values = torch.randint(-1, 2, (n, k), device="cuda", generator=g, dtype=torch.int8)
+        packs.append(ops.pad_packed_rows(fmt.pack_ternary(values)))
+        scales.append((torch.rand(n, fmt.scale_cols(k, bs), device="cuda", generator=g) * 0.05 + 0.01).half())
+    return packs, scales
+
+
+def bench_shape(name, k, n, m, l2_bytes, replays, bs=128):
+    from ternary_plugin import format as fmt
 
     g = torch.Generator(device="cuda").manual_seed(m * 7 + k + n)
     tern_bytes = n * fmt.packed_cols(k) + n * fmt.scale_cols(k, bs) * 2
     x_bytes = m * k * 2
-    copies_t = max(2, math.ceil(2 * l2_bytes / (tern_bytes + x_bytes)))
-    copies_b = max(2, math.ceil(2 * l2_bytes / (n * k * 2 + x_bytes)))
-    copies_t = min(copies_t, 64)
+    copies_t = min(rotating_copies(l2_bytes, tern_bytes + x_bytes), 64)
+    copies_b = rotating_copies(l2_bytes, n * k * 2 + x_bytes)
     xs = [torch.randn(m, k, device="cuda", generator=g).to(torch.bfloat16) for _ in range(max(copies_t, copies_b) if x_bytes < 64 << 20 else 2)]
-    packs, scales = [], []
-    for _ in range(copies_t):
-        values = torch.randint(-1, 2, (n, k), device="cuda", generator=g, dtype=torch.int8)
-        packs.append(ops.pad_packed_rows(fmt.pack_ternary(values)))
-        scales.append((torch.rand(n, fmt.scale_cols(k, bs), device="cuda", generator=g) * 0.05 + 0.01).half())
+    packs, scales = random_layers(n, k, copies_t, g, bs)
     ws = [fmt.dequantize_ternary(packs[i % copies_t][:, : fmt.packed_cols(k)], scales[i % copies_t], k, bs,
                                  dtype=torch.bfloat16) for i in range(copies_b)]
     # correctness before timing
@@ -156,7 +170,7 @@ def bench_shape(name, k, n, m, l2_bytes, replays, bs=128):
     # the wgmma kernel (sm_90 only; M >= 64): auto tile and each tile width
     wgmma, wgmma_error = (checked_times((5, 0), {"0": (5, 0), **{str(t): (5, 128, 0, 0, t) for t in WGMMA_TOKENS}})
                           if m >= 64 and torch.cuda.get_device_capability() == (9, 0) else (None, None))
-    # programmatic dependent launch (the plugin's launch; the small-M kernel only): back to back,
+    # programmatic dependent launch (the op's pdl=True; the small-M kernel only): back to back,
     # and in a model's view, after an elementwise kernel that writes the call's activations (an
     # RMSNorm's last kernel; launched plainly, as torch launches it), next to cuBLAS after it
     pdl = None
@@ -331,7 +345,7 @@ def markdown(result: dict) -> str:
                          f"{round(r['ternary_us'] - r['cublas_bf16_us'], 3)} |")
     small = [r for r in result["rows"] if r["M"] <= 16 and "/" not in r["shape"]]
     if small:
-        gm = math.exp(sum(math.log(r["speedup_vs_cublas"]) for r in small) / len(small))
+        gm = _geomean(r["speedup_vs_cublas"] for r in small)
         lines += ["", f"Geometric-mean speed-up at M <= 16 over the four full shapes: {gm:.2f}x."]
     lines += _pdl_lines(result["rows"])
     big = [r for r in result["rows"] if r["M"] >= 4096]

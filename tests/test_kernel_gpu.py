@@ -330,10 +330,9 @@ def test_default_dispatch_takes_each_kernel_only_where_it_was_measured_faster():
                           cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     assert proc.returncode == 0, proc.stderr[-3000:]
     big = torch.cuda.get_device_properties(0).multi_processor_count >= 128
+    warps = ["8,4096:[16]", "1,6144:[8]"] if big else ["8,4096:small-gpu", "1,6144:small-gpu"]
     assert proc.stdout.split() == ["64,2048:[4]", "40,1536:[2]", "64,1024:[2]", "65,2048:[3]", "65,1024:[3]",
-                                   "12,1024:[64]", "16,2048:[128]", "8,1024:[64]"] + (
-                                   ["8,4096:[16]", "1,6144:[8]"] if big else
-                                                                      ["8,4096:small-gpu", "1,6144:small-gpu"]) + [
+                                   "12,1024:[64]", "16,2048:[128]", "8,1024:[64]", *warps,
                                    "4096,1024:" + ("wgmma" if HOPPER else "dequant"), "2048,1536:dequant",
                                    "300,6144:dequant"], proc.stdout
 
@@ -385,7 +384,7 @@ PDL_CASES = [(1, 1024, 0, 0, 0, 0), (16, 3072, 0, 3, 0, 8), (12, 1024, 0, 0, 64,
 @pytest.mark.parametrize("m,k,rows,k_split,k_unit,warps", PDL_CASES,
                          ids=["m1", "cluster3", "unit64", "rows32", "w16cluster2"])
 def test_pdl_waits_for_the_kernel_that_wrote_its_activations(m, k, rows, k_split, k_unit, warps):
-    """With programmatic dependent launch (pdl=True, as the plugin calls the op) a call starts
+    """With programmatic dependent launch (the op's pdl=True) a call starts
     while the kernel before it runs and must wait for it before reading its activations. A chain
     of square layers in which each call reads what the call just before it wrote (the first reads
     what a torch kernel wrote just before it), eagerly and captured in a CUDA graph, gives the

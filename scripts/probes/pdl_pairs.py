@@ -13,7 +13,6 @@ extension built:
 
 from __future__ import annotations
 
-import math
 import sys
 from pathlib import Path
 
@@ -22,9 +21,8 @@ import triton
 import triton.language as tl
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from bench_kernel import time_graph
+from bench_kernel import random_layers, rotating_copies, time_graph
 
-from ternary_plugin import format as fmt
 from ternary_plugin import ops
 
 
@@ -35,11 +33,9 @@ def _copy_rows(src, dst, n, BLOCK: tl.constexpr):
 
 
 def time_shape(name: str, k: int, n: int, m: int, l2: int) -> None:
-    copies = min(64, max(2, math.ceil(2 * l2 / (n * k // 4 + n * k // 64))))
+    copies = min(64, rotating_copies(l2, n * k // 4 + n * k // 64))  # codes + scales, K % 128 == 0
     g = torch.Generator(device="cuda").manual_seed(k + n + m)
-    packs = [ops.pad_packed_rows(fmt.pack_ternary(torch.randint(-1, 2, (n, k), device="cuda", generator=g,
-                                                                dtype=torch.int8))) for _ in range(copies)]
-    scales = [(torch.rand(n, k // 128, device="cuda", generator=g) * 0.05 + 0.01).half() for _ in range(copies)]
+    packs, scales = random_layers(n, k, copies, g)
     srcs = [torch.randn(m, k, device="cuda", generator=g).to(torch.bfloat16) for _ in range(copies)]
     xs = [s.clone() for s in srcs]
     weight = torch.ones(k, device="cuda", dtype=torch.bfloat16)
@@ -71,8 +67,7 @@ def dump_graph(path: str) -> None:
     mma_probe.cu's graph (PROBE_DOT)."""
     ops.ensure_op_registered()
     k, n, m = 1024, 4096, 1
-    packed = ops.pad_packed_rows(fmt.pack_ternary(torch.randint(-1, 2, (n, k), device="cuda", dtype=torch.int8)))
-    scale = (torch.rand(n, k // 128, device="cuda") * 0.05 + 0.01).half()
+    (packed,), (scale,) = random_layers(n, k, 1, torch.Generator(device="cuda").manual_seed(0))
     src = torch.randn(m, k, device="cuda").to(torch.bfloat16)
     x = src.clone()
     graph = torch.cuda.CUDAGraph(keep_graph=True)  # the graph itself kept for the dump
