@@ -150,8 +150,11 @@ torch::Tensor gemm_path(const torch::Tensor& x,       // [M, K] bf16/fp16
                   (rows_per_cta == 0 || rows_per_cta == 128),
               "the wgmma kernel's tile (tokens_per_cta x rows_per_cta) is 128 or 256 x 128 (or 0 = auto), got ",
               tokens_per_cta, " x ", rows_per_cta);
-    CHECK_ARG(k_split == 0 && k_unit == 0, "the wgmma kernel takes no k_split or k_unit, got ", k_split, " and ",
-              k_unit);
+    CHECK_ARG(k_unit == 0, "the wgmma kernel takes no k_unit, got ", k_unit);
+    CHECK_ARG((k_split == 0 || k_split == 1 || k_split == 2 || k_split == 4 || k_split == 8) &&
+                  k_split <= (K + 63) / 64,
+              "k_split of the wgmma kernel must be 0 (auto), 1, 2, 4 or 8 CTAs a tile along K and at most its ",
+              (K + 63) / 64, " k-steps of 64 weights (K=", K, "), got ", k_split);
   } else if (path == kTiled) {
     CHECK_ARG(rows_per_cta == 0 || rows_per_cta == 64 || rows_per_cta == 128,
               "rows_per_cta of the tiled kernel must be 0 (auto), 64 or 128, got ", rows_per_cta);
@@ -232,7 +235,7 @@ torch::Tensor gemm_path(const torch::Tensor& x,       // [M, K] bf16/fp16
   if (path == kWgmma) {
     check_cuda_error(ternary::launch_wgmma(bf16, x.data_ptr(), packed.data_ptr<uint8_t>(), scale_ptr, bias_ptr,
                                            y.data_ptr(), M, N, K, ldp, lds, block_size, k_offset, tokens_per_cta,
-                                           stream),
+                                           k_split, stream),
                      "ternary_wgmma_kernel launch", M, N, K);
     return y;
   }
@@ -299,8 +302,8 @@ TORCH_LIBRARY(ternary_serve, m) {
   // One kernel forced (path 1 gemv, 2 tensor-core, 3 dequantize + cuBLAS, 4 tiled tensor-core,
   // 5 wgmma; rows_per_cta, k_split, k_unit and warps, the tensor-core kernel's W rows per CTA,
   // CTAs per tile along K, weights of K per unit of work and warps a CTA (launch_mma), the tiled
-  // kernel's W rows (and tokens) per CTA, the wgmma kernel's W rows per CTA with tokens_per_cta,
-  // 0 = auto): for tests and benchmarks; gemm is path 0, chosen by M, with every tile choice
+  // kernel's W rows (and tokens) per CTA, the wgmma kernel's W rows per CTA with tokens_per_cta
+  // and its CTAs a tile along K (k_split, a cluster), 0 = auto): for tests and benchmarks; gemm is path 0, chosen by M, with every tile choice
   // automatic.
   m.def("gemm_path(Tensor x, Tensor packed, Tensor scale, Tensor? bias, int block_size, int k_offset, int path, "
         "int rows_per_cta, int k_split=0, int k_unit=0, int tokens_per_cta=0, int warps=0, bool pdl=False) -> Tensor");

@@ -39,6 +39,7 @@
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cooperative_groups.h>
 #include <cuda.h>
 #include <cudaTypedefs.h>
 #include <cuda_runtime.h>
@@ -163,6 +164,16 @@ __device__ __forceinline__ void mbar_wait(uint32_t bar, int parity) {
       "r"(parity)
       : "memory");
 }
+// Every thread of the cluster (all CTAs, all warps) waits for all. RELEASE: shared-memory writes
+// before it, remote ones included, are seen by every thread after it (ptxas emits a GPU-scope
+// fence for it); without, it orders execution only (enough where the writes come after it).
+template <bool RELEASE>
+__device__ __forceinline__ void cluster_barrier() {
+  if constexpr (RELEASE)
+    asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+  else
+    asm volatile("barrier.cluster.arrive.relaxed.aligned;\nbarrier.cluster.wait.aligned;\n" ::: "memory");
+}
 // A barrier of the MMA warpgroups only (named barrier 1; 0 is __syncthreads')
 __device__ __forceinline__ void mma_sync() { asm volatile("bar.sync 1, %0;\n" ::"n"(kMmaThreads) : "memory"); }
 #endif
@@ -188,6 +199,52 @@ __device__ __forceinline__ void decode_fragments(uint32_t (&a)[4][4], const uint
 }
 #endif
 
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+// Split-K across a cluster of `splits` CTAs that computed partial sums of one tile: CTA q ends up
+// with the whole sums of its share, accumulators [q ch, (q + 1) ch) of every thread (ch = BM / 2 /
+// splits: tokens q BM / splits .. + BM / splits - 1, as d[4j + 2h + e] is token 8j + ...). Each CTA
+// stores the other shares into their owners' shared memory (the activation stages, free once
+// every CTA of the cluster has passed the first barrier: copies landed and wgmma done), as
+// [sender][ch / 4][thread] float4 so a warp's stores are 512 contiguous bytes; then each adds the
+// partials of its share in rank order (the same order on every run: deterministic).
+template <int BM, int STAGES, int SPLITS>
+__device__ __forceinline__ void split_k_reduce(float (&acc)[BM / 2], float* red, int rank, int tid) {
+  static_assert(STAGES * BM * kRow >= BM * 512, "the receive buffer fits in the activation stages");
+  namespace cg = cooperative_groups;
+  cg::cluster_group cluster = cg::this_cluster();
+  constexpr int ch = BM / 2 / SPLITS;
+  float* mine = red + 4 * tid;  // + 4 kMmaThreads (sender ch / 4 + v): float4 v of the sender's share
+  cluster_barrier<false>();  // every CTA's stages are read (copies landed, wgmma done): free to receive
+#pragma unroll
+  for (int q = 0; q < SPLITS; ++q) {
+    if (q == rank) continue;
+    float* dst = cluster.map_shared_rank(mine, q) + 4 * kMmaThreads * (rank * (ch / 4));
+#pragma unroll
+    for (int v = 0; v < ch / 4; ++v) {
+      const int i = q * ch + 4 * v;
+      *reinterpret_cast<float4*>(dst + 4 * kMmaThreads * v) = make_float4(acc[i], acc[i + 1], acc[i + 2], acc[i + 3]);
+    }
+  }
+  cluster_barrier<true>();  // every share has arrived
+#pragma unroll
+  for (int r = 0; r < SPLITS; ++r) {
+    if (r != rank) continue;
+#pragma unroll
+    for (int v = 0; v < ch / 4; ++v) {
+      const int i = r * ch + 4 * v;
+      float4 s = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+      for (int q = 0; q < SPLITS; ++q) {
+        const float4 p = q == r ? make_float4(acc[i], acc[i + 1], acc[i + 2], acc[i + 3])
+                                : *reinterpret_cast<const float4*>(mine + 4 * kMmaThreads * (q * (ch / 4) + v));
+        s.x += p.x, s.y += p.y, s.z += p.z, s.w += p.w;
+      }
+      acc[i] = s.x, acc[i + 1] = s.y, acc[i + 2] = s.z, acc[i + 3] = s.w;
+    }
+  }
+}
+#endif
+
 // Persistent: gridDim.x CTAs (at most one per SM) take tiles blockIdx.x, + gridDim.x, ...
 // (tile t: W rows 128 (t % tiles_n), tokens BM (t / tiles_n)); the producer runs on into the
 // next tile's k-steps while the MMA warpgroups write the last one out, so only the first tile
@@ -199,7 +256,7 @@ ternary_wgmma_kernel(const __grid_constant__ CUtensorMap x_map,     // x [M, K]:
                      const __half* __restrict__ scale,              // [N, lds]
                      const T* __restrict__ bias,                    // [N] or nullptr
                      T* __restrict__ y,                             // [M, N]
-                     int M, int N, int K, int lds, int block_size, int k_offset) {
+                     int M, int N, int K, int lds, int block_size, int k_offset, int splits) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using S = WgShape<STAGES, BM>;
   extern __shared__ uint8_t smem_raw[];
@@ -210,6 +267,11 @@ ternary_wgmma_kernel(const __grid_constant__ CUtensorMap x_map,     // x [M, K]:
   const int tid = threadIdx.x;
   const int steps = (K + kBK - 1) / kBK;
   const int tiles_n = (N + kBN - 1) / kBN, tiles = tiles_n * ((M + BM - 1) / BM);
+  // splits > 1: the CTAs blockIdx.x / splits * splits .. + splits - 1 are one cluster and share
+  // one tile's K, each its own run of k-steps (the host launches exactly tiles x splits CTAs);
+  // rank == the CTA's rank in its cluster (cluster dims (splits, 1, 1)).
+  const int first_tile = blockIdx.x / splits, tile_stride = gridDim.x / splits, rank = blockIdx.x % splits;
+  const int kt0 = rank * steps / splits, nk = (rank + 1) * steps / splits - kt0;  // this CTA's k-steps
 
   if (tid == 0) {
     for (int s = 0; s < STAGES; ++s) {
@@ -223,9 +285,9 @@ ternary_wgmma_kernel(const __grid_constant__ CUtensorMap x_map,     // x [M, K]:
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kProducerRegs));
     if (tid == kMmaThreads) {
       int it = 0;  // k-steps copied so far, all tiles: stage it % STAGES, round it / STAGES
-      for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+      for (int tile = first_tile; tile < tiles; tile += tile_stride) {
         const int n0 = (tile % tiles_n) * kBN, m0 = (tile / tiles_n) * BM;
-        for (int kt = 0; kt < steps; ++kt, ++it) {
+        for (int kt = 0; kt < nk; ++kt, ++it) {
           const int s = it % STAGES;
           mbar_wait(empty_bar + 8 * s, ((it / STAGES) & 1) ^ 1);  // round 0 passes at once
           const uint32_t bar = full_bar + 8 * s;
@@ -234,17 +296,22 @@ ternary_wgmma_kernel(const __grid_constant__ CUtensorMap x_map,     // x [M, K]:
                        "n"(S::kXBytes + S::kCBytes) : "memory");
           asm volatile(
               "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, "
-              "%3}], [%4];\n" ::"r"(smem_s + s * S::kXBytes), "l"(reinterpret_cast<uint64_t>(&x_map)), "r"(kt * kBK),
+              "%3}], [%4];\n" ::"r"(smem_s + s * S::kXBytes), "l"(reinterpret_cast<uint64_t>(&x_map)), "r"((kt0 + kt) * kBK),
               "r"(m0), "r"(bar)
               : "memory");
           asm volatile(
               "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, "
               "%3}], [%4];\n" ::"r"(smem_s + S::kCOff + s * S::kCBytes), "l"(reinterpret_cast<uint64_t>(&code_map)),
-              "r"(kt * (kBK / 4)), "r"(n0), "r"(bar)
+              "r"((kt0 + kt) * (kBK / 4)), "r"(n0), "r"(bar)
               : "memory");
         }
       }
-      WGMMA_FLUSH(true, 0, steps);
+      WGMMA_FLUSH(true, 0, nk);
+    }
+    if (splits > 1) {  // the MMA warpgroups' two cluster barriers (the split-K reduction below)
+      __syncwarp();    // the copying lane rejoins its warp (the barriers are .aligned)
+      cluster_barrier<false>();
+      cluster_barrier<true>();
     }
     return;
   }
@@ -286,7 +353,7 @@ ternary_wgmma_kernel(const __grid_constant__ CUtensorMap x_map,     // x [M, K]:
   };
   {
     unsigned short v[16];
-    const int n0 = (blockIdx.x % tiles_n) * kBN;
+    const int n0 = (first_tile % tiles_n) * kBN;
     load_scales(n0, tid % 2, v);
     store_scales(tid % 2, v, scale_buffer(0));
     rest_of_scales(n0, scale_buffer(0));
@@ -296,11 +363,12 @@ ternary_wgmma_kernel(const __grid_constant__ CUtensorMap x_map,     // x [M, K]:
 
   int it = 0;  // k-steps consumed so far, all tiles (the producer's count)
   int tcount = 0;
-  for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x, ++tcount) {
+  for (int tile = first_tile; tile < tiles; tile += tile_stride, ++tcount) {
     const int n0 = (tile % tiles_n) * kBN, m0 = (tile / tiles_n) * BM;
     [[maybe_unused]] const bool first = tcount == 0;  // probe events: the first tile's k-steps
     const unsigned short* ssc = scale_buffer(tcount);
-    int col = 0, step_in_block = (k_offset % block_size) / kBK;  // the k-step's scale block, counted
+    // the k-step's scale block (relative to col0) and k-step within it, counted from kt0
+    int col = (k_offset + kt0 * kBK) / block_size - col0, step_in_block = (k_offset + kt0 * kBK) % block_size / kBK;
 
     // Waits for k-step kt's stage and decodes its A fragments (the codes of rows r0, r0 + 8).
     auto decode = [&](uint32_t (&a)[4][4], int kt) {
@@ -338,20 +406,31 @@ ternary_wgmma_kernel(const __grid_constant__ CUtensorMap x_map,     // x [M, K]:
     // Two fragment sets: k-step kt + 1 is decoded into one while k-step kt's wgmma reads the other.
     uint32_t a0[4][4], a1[4][4];
     decode(a0, 0);
-    for (int kt = 0; kt < steps; kt += 2) {
+    for (int kt = 0; kt < nk; kt += 2) {
       mma(acc, a0, kt);
-      if (kt + 1 >= steps) break;
+      if (kt + 1 >= nk) break;
       decode(a1, kt + 1);
       mma(acc, a1, kt + 1);
-      if (kt + 2 < steps) decode(a0, kt + 2);
+      if (kt + 2 < nk) decode(a0, kt + 2);
     }
     wgmma_wait<0>();
     fence_accumulators(acc);
-    it += steps;
+    it += nk;
     if (lane == 0) mbar_arrive(empty_bar + 8 * ((it - 1) % STAGES));  // the tile's last stage
 
+    // This CTA writes the tile's tokens [t_lo, t_hi): all of them, or with splits > 1 its share
+    // (BM / splits tokens), after adding every CTA's partial sums of it.
+    int t_lo = 0, t_hi = BM;
+    if (splits > 1) {
+      float* red = reinterpret_cast<float*>(smem);
+      if (splits == 2) split_k_reduce<BM, STAGES, 2>(acc, red, rank, tid);
+      else if (splits == 4) split_k_reduce<BM, STAGES, 4>(acc, red, rank, tid);
+      else split_k_reduce<BM, STAGES, 8>(acc, red, rank, tid);  // the host launches 2, 4 or 8
+      t_lo = rank * (BM / splits), t_hi = t_lo + BM / splits;
+    }
+
     // The next tile's first scale blocks, in flight through the epilogue.
-    const int next = tile + gridDim.x, next_n0 = (next % tiles_n) * kBN;
+    const int next = tile + tile_stride, next_n0 = (next % tiles_n) * kBN;
     unsigned short next_scales[16];
     if (next < tiles) load_scales(next_n0, tid % 2, next_scales);
 
@@ -372,11 +451,14 @@ ternary_wgmma_kernel(const __grid_constant__ CUtensorMap x_map,     // x [M, K]:
     const uint32_t row_addr = static_cast<uint32_t>(__cvta_generic_to_shared(
         out + (8 * (blk / 2) + lane % 8) * S::kOutLd + wg * 64 + warp * 16 + 8 * (blk % 2)));
 #pragma unroll
-    for (int part = 0; part < BM / S::kOutTokens; ++part) {
-      if (part > 0) mma_sync();  // the previous part is written out
+    for (int part = 0; part < BM / S::kOutTokens; ++part) {  // tokens [lo, hi) of this part, staged
+      const int lo = max(t_lo, part * S::kOutTokens), hi = min(t_hi, (part + 1) * S::kOutTokens);
+      if (lo >= hi) continue;
+      if (lo > t_lo) mma_sync();  // the previous part is written out
 #pragma unroll
       for (int jj = 0; jj < S::kOutTokens / 8; jj += 2) {
-        const int j = part * (S::kOutTokens / 8) + jj;
+        const int j = part * (S::kOutTokens / 8) + jj;  // tokens 8 j .. 8 j + 15
+        if (8 * j < lo || 8 * j >= hi) continue;
         uint32_t r[4];
 #pragma unroll
         for (int q = 0; q < 4; ++q) {  // block q: tokens 8 (j + q / 2) .., W rows + 8 (q % 2)
@@ -385,14 +467,14 @@ ternary_wgmma_kernel(const __grid_constant__ CUtensorMap x_map,     // x [M, K]:
           r[q] = *reinterpret_cast<const uint32_t*>(&v);
         }
         asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(
-                         row_addr + 8 * jj * S::kOutLd * (int)sizeof(T)),
+                         row_addr + (8 * j - lo) * S::kOutLd * (int)sizeof(T)),
                      "r"(r[0]), "r"(r[1]), "r"(r[2]), "r"(r[3])
                      : "memory");
       }
       mma_sync();
-      WGMMA_EVENT(tid == 0 && first && part == 0, 5, 0);
+      WGMMA_EVENT(tid == 0 && first && lo == t_lo, 5, 0);
       // ... then written a token row at a time
-      store_tile<T, S::kOutTokens, kBN>(out, S::kOutLd, y, M, N, m0 + part * S::kOutTokens, n0, tid, kMmaThreads);
+      store_tile<T, S::kOutTokens, kBN>(out, S::kOutLd, y, min(M, m0 + hi), N, m0 + lo, n0, tid, kMmaThreads);
     }
     if (next < tiles) {
       store_scales(tid % 2, next_scales, scale_buffer(tcount + 1));
@@ -400,10 +482,10 @@ ternary_wgmma_kernel(const __grid_constant__ CUtensorMap x_map,     // x [M, K]:
     }
     mma_sync();  // the next tile's scales stored, this one's output read: both buffers free to reuse
   }
-  WGMMA_FLUSH(tid == 0, 1, steps);
-  WGMMA_FLUSH(tid == 0, 2, steps);
-  WGMMA_FLUSH(tid == 0, 3, steps);
-  WGMMA_FLUSH(tid == 0, 4, steps);
+  WGMMA_FLUSH(tid == 0, 1, nk);
+  WGMMA_FLUSH(tid == 0, 2, nk);
+  WGMMA_FLUSH(tid == 0, 3, nk);
+  WGMMA_FLUSH(tid == 0, 4, nk);
   WGMMA_FLUSH(tid == 0, 5, 1);
 #endif  // other targets: never launched (the host checks for an sm_90 device)
 }
@@ -427,7 +509,8 @@ PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
 
 template <typename T, int STAGES, int BM>
 cudaError_t launch_wgmma_t(const void* x, const uint8_t* packed, const __half* scale, const void* bias, void* y,
-                           int M, int N, int K, int ldp, int lds, int block_size, int k_offset, cudaStream_t stream) {
+                           int M, int N, int K, int ldp, int lds, int block_size, int k_offset, int splits,
+                           cudaStream_t stream) {
   using S = WgShape<STAGES, BM>;
   auto kernel = ternary_wgmma_kernel<T, STAGES, BM>;
   static int smem_set[kMaxDevices] = {};
@@ -450,10 +533,22 @@ cudaError_t launch_wgmma_t(const void* x, const uint8_t* packed, const __half* s
              CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
              CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS)
     return cudaErrorInvalidValue;
-  const dim3 grid((unsigned)std::min<long>(tile_count(M, N, BM), std::max(sm_count(), 1)));  // persistent: one CTA an SM
-  kernel<<<grid, kThreads, S::kSmemBytes, stream>>>(x_map, code_map, scale, static_cast<const T*>(bias),
-                                                     static_cast<T*>(y), M, N, K, lds, block_size, k_offset);
-  return cudaGetLastError();
+  // persistent (one CTA an SM), or with splits > 1 one CTA per tile and share of K, a cluster a tile
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(splits > 1 ? (unsigned)(tile_count(M, N, BM) * splits)
+                                : (unsigned)std::min<long>(tile_count(M, N, BM), std::max(sm_count(), 1)));
+  cfg.blockDim = dim3(kThreads);
+  cfg.dynamicSmemBytes = S::kSmemBytes;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = splits;
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = splits > 1 ? 1 : 0;
+  return cudaLaunchKernelEx(&cfg, kernel, x_map, code_map, scale, static_cast<const T*>(bias), static_cast<T*>(y), M,
+                            N, K, lds, block_size, k_offset, splits);
 }
 
 }  // namespace
@@ -482,17 +577,43 @@ bool wgmma_fills_gpu(int M, int N) {
   return tiles / sms >= 3 || tiles % sms == 0 || 2 * (tiles % sms) >= sms;
 }
 
+// The tiling: the candidates' times modelled as waves x (k-steps a CTA x a k-step's time + a
+// CTA's fixed time), the least taken. Persistent CTAs (splits 1) overlap a tile's prologue with
+// the last one's epilogue; a split CTA adds two cluster barriers and the partial sums' exchange.
+// The constants are the H200's (us): see wgmma_split_model below the measurements.
+WgmmaTiling choose_wgmma_tiling(int M, int N, int K, int tokens_per_cta, int k_split) {
+  const int steps = (K + kBK - 1) / kBK, sms = std::max(sm_count(), 1);
+  if (k_split > steps) return {0, 0};
+  WgmmaTiling best{0, 0};
+  double best_us = 0;
+  for (int bm : {256, 128}) {
+    if (tokens_per_cta != 0 && tokens_per_cta != bm) continue;
+    for (int s : {1, 2, 4, 8}) {
+      if ((k_split != 0 && k_split != s) || s > steps) continue;
+      const long units = tile_count(M, N, bm) * s, cap = s == 1 ? sms : sms / s * s;
+      const long waves = (units + cap - 1) / cap;
+      const double step_us = bm == 256 ? 0.80 : 0.60, fixed_us = s == 1 ? 0.5 : 1.5 + 0.3 * s;
+      const double us = (double)waves * ((steps + s - 1) / s * step_us + fixed_us);
+      if (best.tokens == 0 || us < best_us) best = {bm, s}, best_us = us;
+    }
+  }
+  return best;
+}
+
 // Tiles of 256 tokens (4 stages of 34 KB) where they still give at least one tile per two SMs:
 // they hide the decode under the wgmma (decode work per k-step is the W tile's, the same at 128
 // and 256 tokens; measured on the H200: o at M 4096 25.7 us against 35.4 us at 128). Below that
 // (gate_up M 256: 48 tiles against 96) tiles of 128 tokens (6 stages of 18 KB) and more of them.
 cudaError_t launch_wgmma(bool bf16, const void* x, const uint8_t* packed, const __half* scale, const void* bias,
                          void* y, int M, int N, int K, int ldp, int lds, int block_size, int k_offset,
-                         int tokens_per_cta, cudaStream_t stream) {
+                         int tokens_per_cta, int k_split, cudaStream_t stream) {
   if (!wgmma_supported()) return cudaErrorNotSupported;
-  if (tokens_per_cta == 0) tokens_per_cta = 2 * tile_count(M, N, 256) >= sm_count() ? 256 : 128;
+  const WgmmaTiling tiling = choose_wgmma_tiling(M, N, K, tokens_per_cta, k_split);
+  if (tiling.tokens == 0) return cudaErrorInvalidValue;
+  tokens_per_cta = tiling.tokens;
+  const int splits = tiling.splits;
 #define TERNARY_LAUNCH(T, STAGES, BM) \
-  launch_wgmma_t<T, STAGES, BM>(x, packed, scale, bias, y, M, N, K, ldp, lds, block_size, k_offset, stream)
+  launch_wgmma_t<T, STAGES, BM>(x, packed, scale, bias, y, M, N, K, ldp, lds, block_size, k_offset, splits, stream)
   if (tokens_per_cta == 256) return bf16 ? TERNARY_LAUNCH(__nv_bfloat16, 4, 256) : TERNARY_LAUNCH(__half, 4, 256);
   if (tokens_per_cta == 128) return bf16 ? TERNARY_LAUNCH(__nv_bfloat16, 6, 128) : TERNARY_LAUNCH(__half, 6, 128);
 #undef TERNARY_LAUNCH

@@ -18,10 +18,20 @@ bool wgmma_supported();
 // op's dispatch condition; the rule and its measurements beside the definition).
 bool wgmma_fills_gpu(int M, int N);
 
-// Tiles of tokens_per_cta (128 or 256; 0 = auto) tokens x 128 W rows; requirements in
-// ternary_wgmma.cu's header.
+// A launch's tile (tokens x 128 W rows) and CTAs a tile along K (a cluster; 1 = persistent CTAs).
+struct WgmmaTiling {
+  int tokens, splits;
+};
+
+// The tiling for an M x N x K product: tokens_per_cta 128 or 256, k_split 1, 2, 4 or 8 as given,
+// 0 = chosen (the rule and its measurements beside the definition). {0, 0} where a given
+// k_split exceeds the k-steps (64 weights each) of K.
+WgmmaTiling choose_wgmma_tiling(int M, int N, int K, int tokens_per_cta, int k_split);
+
+// Tiles of tokens_per_cta (128 or 256; 0 = auto) tokens x 128 W rows, k_split CTAs a tile along
+// K (0 = auto); requirements in ternary_wgmma.cu's header.
 cudaError_t launch_wgmma(bool bf16, const void* x, const uint8_t* packed, const __half* scale, const void* bias,
                          void* y, int M, int N, int K, int ldp, int lds, int block_size, int k_offset,
-                         int tokens_per_cta, cudaStream_t stream);
+                         int tokens_per_cta, int k_split, cudaStream_t stream);
 
 }  // namespace ternary

@@ -43,11 +43,11 @@ __shared__ long long s_events[6][64];
 #include "../../csrc/ternary_wgmma.cu"
 #include "probe_util.cuh"
 
-// The tile of bm tokens (auto: 256 where that gives at least one CTA per two SMs).
-static cudaError_t launch_bm(int bm, const void* x, const uint8_t* p, const void* sc, void* y, int M, int N, int K,
-                             int ldp, int lds, int block_size, int k_offset) {
+// The tile of bm tokens and `splits` CTAs a tile along K (0 = the launcher's choice).
+static cudaError_t launch_bm(int bm, int splits, const void* x, const uint8_t* p, const void* sc, void* y, int M,
+                             int N, int K, int ldp, int lds, int block_size, int k_offset) {
   return ternary::launch_wgmma(true, x, p, static_cast<const __half*>(sc), nullptr, y, M, N, K, ldp, lds, block_size,
-                               k_offset, bm, 0);
+                               k_offset, bm, splits, 0);
 }
 
 static float bits_to_float(unsigned short v, bool bf16) {
@@ -56,7 +56,7 @@ static float bits_to_float(unsigned short v, bool bf16) {
 }
 
 // The kernel against a float64 reference on one small shape: max |y - ref| / max |ref|.
-static double check(int bm, int M, int K, int N, int block_size, int k_offset) {
+static double check(int bm, int splits, int M, int K, int N, int block_size, int k_offset) {
   const int ldp = ((K + 3) / 4 + 15) / 16 * 16, lds = (k_offset + K + block_size - 1) / block_size;
   std::vector<unsigned short> hx((size_t)M * K), hs((size_t)N * lds), hy((size_t)M * N);
   std::vector<uint8_t> hp((size_t)N * ldp, 0);
@@ -72,7 +72,7 @@ static double check(int bm, int M, int K, int N, int block_size, int k_offset) {
   CHECK(cudaMemcpy(sc, hs.data(), hs.size() * 2, cudaMemcpyHostToDevice));
   CHECK(cudaMemcpy(p, hp.data(), hp.size(), cudaMemcpyHostToDevice));
   CHECK(cudaMemset(y, 0xff, hy.size() * 2));  // poisoned: NaN in bf16
-  CHECK(launch_bm(bm, x, p, sc, y, M, N, K, ldp, lds, block_size, k_offset));
+  CHECK(launch_bm(bm, splits, x, p, sc, y, M, N, K, ldp, lds, block_size, k_offset));
   CHECK(cudaDeviceSynchronize());
   CHECK(cudaMemcpy(hy.data(), y, hy.size() * 2, cudaMemcpyDeviceToHost));
   std::vector<double> w((size_t)N * K);
@@ -95,6 +95,64 @@ static double check(int bm, int M, int K, int N, int block_size, int k_offset) {
   return max_err / max_ref;
 }
 
+// Mean us of 20 launches (after 3), inputs hot in L2.
+template <typename F>
+static double time_us(F launch) {
+  for (int i = 0; i < 3; ++i) launch();
+  CHECK(cudaDeviceSynchronize());
+  cudaEvent_t a, b;
+  CHECK(cudaEventCreate(&a));
+  CHECK(cudaEventCreate(&b));
+  CHECK(cudaEventRecord(a));
+  for (int i = 0; i < 20; ++i) launch();
+  CHECK(cudaEventRecord(b));
+  CHECK(cudaEventSynchronize(b));
+  float ms = 0;
+  CHECK(cudaEventElapsedTime(&ms, a, b));
+  CHECK(cudaEventDestroy(a));
+  CHECK(cudaEventDestroy(b));
+  return ms * 1000 / 20;
+}
+
+// Every tile (128, 256 tokens) x CTAs a tile along K (1, 2, 4, 8) on the benchmark's layers at
+// mid M, and the launcher's own choice (auto): what choose_wgmma_tiling's model is fitted to.
+static void split_sweep() {
+  struct L { const char* name; int K, N; };
+  const L layers[] = {{"qkv", 1024, 4096}, {"o", 2048, 1024}, {"gate_up", 1024, 6144}, {"down", 3072, 1024},
+                      {"qkv/tp4", 1024, 1024}, {"o/tp4", 512, 1024}, {"gate_up/tp4", 1024, 1536},
+                      {"down/tp4", 768, 1024}};
+  std::printf("\nsplit sweep (us, hot L2; tile x CTAs a tile along K; - = not valid)\n%-12s %5s", "layer", "M");
+  for (int bm : {256, 128})
+    for (int s : {1, 2, 4, 8}) std::printf(" %6dx%d", bm, s);
+  std::printf("   auto\n");
+  for (int M : {64, 128, 256, 512, 1024, 2048, 4096})
+    for (const L& l : layers) {
+      const int ldp = ((l.K + 3) / 4 + 15) / 16 * 16, lds = (l.K + 127) / 128;
+      void *x, *y, *sc;
+      uint8_t* p;
+      CHECK(cudaMalloc(&x, (size_t)M * l.K * 2));
+      CHECK(cudaMalloc(&y, (size_t)M * l.N * 2));
+      CHECK(cudaMalloc(&sc, (size_t)l.N * lds * 2));
+      CHECK(cudaMalloc(&p, (size_t)l.N * ldp));
+      CHECK(cudaMemset(x, 0x3c, (size_t)M * l.K * 2));
+      CHECK(cudaMemset(sc, 0x20, (size_t)l.N * lds * 2));
+      CHECK(cudaMemset(p, 0x96, (size_t)l.N * ldp));
+      std::printf("%-12s %5d", l.name, M);
+      for (int bm : {256, 128})
+        for (int s : {1, 2, 4, 8}) {
+          if (s > (l.K + 63) / 64) { std::printf(" %8s", "-"); continue; }
+          std::printf(" %8.2f", time_us([&] { CHECK(launch_bm(bm, s, x, p, sc, y, M, l.N, l.K, ldp, lds, 128, 0)); }));
+        }
+      const ternary::WgmmaTiling t = ternary::choose_wgmma_tiling(M, l.N, l.K, 0, 0);
+      std::printf("   %dx%d %.2f\n", t.tokens, t.splits,
+                  time_us([&] { CHECK(launch_bm(0, 0, x, p, sc, y, M, l.N, l.K, ldp, lds, 128, 0)); }));
+      CHECK(cudaFree(x));
+      CHECK(cudaFree(y));
+      CHECK(cudaFree(sc));
+      CHECK(cudaFree(p));
+    }
+}
+
 int main(int argc, char** argv) {
   struct Shape { const char* name; int M, K, N; bool trace; };
   const std::vector<Shape> shapes = {
@@ -108,11 +166,14 @@ int main(int argc, char** argv) {
 #else
               "trace");
 #endif
-  for (int bm : {128, 256}) {
-    const double e1 = check(bm, 200, 640, 384, 128, 0), e2 = check(bm, 300, 576, 136, 256, 64);
-    std::printf("tile %d: check against float64: %.2e (M 200 K 640 N 384), %.2e (M 300 K 576 N 136, blocks of 256, "
-                "offset 64)%s\n", bm, e1, e2, e1 < 1e-2 && e2 < 1e-2 ? "" : "  FAILED");
-  }
+  for (int bm : {128, 256})
+    for (int splits : {1, 2, 4, 8}) {
+      const double e1 = check(bm, splits, 200, 640, 384, 128, 0), e2 = check(bm, splits, 300, 576, 136, 256, 64),
+                   e3 = check(bm, splits, 37, 1000, 200, 128, 0);
+      std::printf("tile %d, %d CTAs a tile along K: check against float64: %.2e (M 200 K 640 N 384), %.2e (M 300 K "
+                  "576 N 136, blocks of 256, offset 64), %.2e (M 37 K 1000 N 200)%s\n",
+                  bm, splits, e1, e2, e3, e1 < 1e-2 && e2 < 1e-2 && e3 < 1e-2 ? "" : "  FAILED");
+    }
   for (int bm : {128, 256})
   for (const Shape& sh : shapes) {
     const int ldp = ((sh.K + 3) / 4 + 15) / 16 * 16, lds = (sh.K + 127) / 128;
@@ -132,7 +193,7 @@ int main(int argc, char** argv) {
     CHECK(cudaMemcpy(sc, hs.data(), hs.size() * 2, cudaMemcpyHostToDevice));
     CHECK(cudaMemcpy(p, hp.data(), hp.size(), cudaMemcpyHostToDevice));
     auto launch = [&] {
-      CHECK(launch_bm(bm, x, p, sc, y, sh.M, sh.N, sh.K, ldp, lds, 128, 0));
+      CHECK(launch_bm(bm, 1, x, p, sc, y, sh.M, sh.N, sh.K, ldp, lds, 128, 0));
     };
     for (int i = 0; i < 3; ++i) launch();
     CHECK(cudaDeviceSynchronize());
@@ -166,6 +227,7 @@ int main(int argc, char** argv) {
     CHECK(cudaFree(sc));
     CHECK(cudaFree(p));
   }
+  split_sweep();
   int clk = 0;
   CHECK(cudaDeviceGetAttribute(&clk, cudaDevAttrClockRate, 0));
   std::printf("SM clock (attribute): %d MHz\n", clk / 1000);
