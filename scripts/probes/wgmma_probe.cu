@@ -95,62 +95,53 @@ static double check(int bm, int splits, int M, int K, int N, int block_size, int
   return max_err / max_ref;
 }
 
-// Mean us of 20 launches (after 3), inputs hot in L2.
-template <typename F>
-static double time_us(F launch) {
-  for (int i = 0; i < 3; ++i) launch();
-  CHECK(cudaDeviceSynchronize());
-  cudaEvent_t a, b;
-  CHECK(cudaEventCreate(&a));
-  CHECK(cudaEventCreate(&b));
-  CHECK(cudaEventRecord(a));
-  for (int i = 0; i < 20; ++i) launch();
-  CHECK(cudaEventRecord(b));
-  CHECK(cudaEventSynchronize(b));
-  float ms = 0;
-  CHECK(cudaEventElapsedTime(&ms, a, b));
-  CHECK(cudaEventDestroy(a));
-  CHECK(cudaEventDestroy(b));
-  return ms * 1000 / 20;
-}
-
-// Every tile (128, 256 tokens) x CTAs a tile along K (1, 2, 4, 8) on the benchmark's layers at
-// mid M, and the launcher's own choice (auto): what choose_wgmma_tiling's model is fitted to.
+// Every tile (256, 128 tokens) x CTAs a tile along K (1, 2, 4, 8) on the benchmark's layers at
+// M 64-4096, and the launcher's own choice (auto), timed as bench_kernel times (CUDA graphs,
+// inputs rotated past L2, median us a call): what choose_wgmma_tiling's model is fitted to.
 static void split_sweep() {
-  struct L { const char* name; int K, N; };
-  const L layers[] = {{"qkv", 1024, 4096}, {"o", 2048, 1024}, {"gate_up", 1024, 6144}, {"down", 3072, 1024},
-                      {"qkv/tp4", 1024, 1024}, {"o/tp4", 512, 1024}, {"gate_up/tp4", 1024, 1536},
-                      {"down/tp4", 768, 1024}};
-  std::printf("\nsplit sweep (us, hot L2; tile x CTAs a tile along K; - = not valid)\n%-12s %5s", "layer", "M");
+  int l2 = 0;
+  CHECK(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, 0));
+  cudaStream_t st;
+  CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+  std::printf("\nsplit sweep (us a call: CUDA graphs, inputs rotated past L2; tile x CTAs a tile along K; - = not "
+              "valid)\n%-12s %5s", "layer", "M");
   for (int bm : {256, 128})
     for (int s : {1, 2, 4, 8}) std::printf(" %6dx%d", bm, s);
   std::printf("   auto\n");
   for (int M : {64, 128, 256, 512, 1024, 2048, 4096})
-    for (const L& l : layers) {
-      const int ldp = ((l.K + 3) / 4 + 15) / 16 * 16, lds = (l.K + 127) / 128;
-      void *x, *y, *sc;
-      uint8_t* p;
-      CHECK(cudaMalloc(&x, (size_t)M * l.K * 2));
-      CHECK(cudaMalloc(&y, (size_t)M * l.N * 2));
-      CHECK(cudaMalloc(&sc, (size_t)l.N * lds * 2));
-      CHECK(cudaMalloc(&p, (size_t)l.N * ldp));
-      CHECK(cudaMemset(x, 0x3c, (size_t)M * l.K * 2));
-      CHECK(cudaMemset(sc, 0x20, (size_t)l.N * lds * 2));
-      CHECK(cudaMemset(p, 0x96, (size_t)l.N * ldp));
+    for (const ProbeShape& l : kShapes) {
+      const int K = l.k, N = l.n, ldp = ((K + 3) / 4 + 15) / 16 * 16, lds = (K + 127) / 128;
+      const size_t xb = (size_t)M * K * 2, pb = (size_t)N * ldp, sb = (size_t)N * lds * 2;
+      const int copies = rotating_copies(l2, (long)(xb + pb + sb));
+      uint8_t *x, *p, *sc;
+      void* y;
+      CHECK(cudaMalloc(&x, xb * copies));
+      CHECK(cudaMalloc(&p, pb * copies));
+      CHECK(cudaMalloc(&sc, sb * copies));
+      CHECK(cudaMalloc(&y, (size_t)M * N * 2));
+      CHECK(cudaMemset(x, 0x3c, xb * copies));
+      CHECK(cudaMemset(sc, 0x20, sb * copies));
+      CHECK(cudaMemset(p, 0x96, pb * copies));
+      auto time = [&](int bm, int s) {
+        return time_graph(st, copies, [&](cudaStream_t, int i) {
+          CHECK(ternary::launch_wgmma(true, x + xb * i, p + pb * i, reinterpret_cast<const __half*>(sc + sb * i),
+                                      nullptr, y, M, N, K, ldp, lds, 128, 0, bm, s, st));
+        });
+      };
       std::printf("%-12s %5d", l.name, M);
       for (int bm : {256, 128})
         for (int s : {1, 2, 4, 8}) {
-          if (s > (l.K + 63) / 64) { std::printf(" %8s", "-"); continue; }
-          std::printf(" %8.2f", time_us([&] { CHECK(launch_bm(bm, s, x, p, sc, y, M, l.N, l.K, ldp, lds, 128, 0)); }));
+          if (s > (K + 63) / 64) { std::printf(" %8s", "-"); continue; }
+          std::printf(" %8.2f", time(bm, s));
         }
-      const ternary::WgmmaTiling t = ternary::choose_wgmma_tiling(M, l.N, l.K, 0, 0);
-      std::printf("   %dx%d %.2f\n", t.tokens, t.splits,
-                  time_us([&] { CHECK(launch_bm(0, 0, x, p, sc, y, M, l.N, l.K, ldp, lds, 128, 0)); }));
+      const ternary::WgmmaTiling t = ternary::choose_wgmma_tiling(M, N, K, 0, 0);
+      std::printf("   %dx%d %.2f\n", t.tokens, t.splits, time(0, 0));
       CHECK(cudaFree(x));
       CHECK(cudaFree(y));
       CHECK(cudaFree(sc));
       CHECK(cudaFree(p));
     }
+  CHECK(cudaStreamDestroy(st));
 }
 
 int main(int argc, char** argv) {
