@@ -9,8 +9,10 @@
 // (v4 did that: a 16 KB store, fence.proxy.async and an mbarrier hand-off every k-step, ~0.75
 // us a k-step whatever the work; docs/kernel_notes.md v8, v9).
 //
-//   Persistent CTAs, one an SM, each walking tiles of 128 W rows x BM tokens (BM = 256, or 128
-//   where 256 would leave most SMs idle); 3 warpgroups:
+//   Persistent CTAs, one an SM, each walking tiles of 128 W rows x BM tokens (BM = 256 or 128,
+//   choose_wgmma_tiling); or, split-K, a cluster of 2, 4 or 8 CTAs a tile, each one run of its
+//   k-steps, that add their partial tiles through distributed shared memory (split_k_reduce)
+//   where the tiles alone leave SMs idle (mid M); 3 warpgroups:
 //     producer (warpgroup 2, one thread; setmaxnreg gives its registers away): TMA copies of
 //       each k-step's activation tile (BM x 64 bf16, 128-byte swizzle, as wgmma's B reads it) and
 //       code tile (128 rows x 16 B) into stage k % STAGES, counted on full[s]; waits empty[s]
@@ -507,14 +509,46 @@ PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
   return fn;
 }
 
+// The kernel with its shared memory opted in on the current device (once per device).
+template <typename T, int STAGES, int BM>
+cudaError_t prepare_kernel() {
+  static int smem_set[kMaxDevices] = {};
+  return opt_in_shared_memory(ternary_wgmma_kernel<T, STAGES, BM>, WgShape<STAGES, BM>::kSmemBytes, smem_set);
+}
+
+// CTAs of the BM-token kernel that run at once in clusters of `splits` (its wave; 1 CTA an SM,
+// fewer where the GPCs' SM counts are not multiples of the cluster), asked once per device; <= 0
+// where it cannot be asked.
+template <int STAGES, int BM>
+int cluster_wave(int splits) {
+  static int cached[3][kMaxDevices] = {};  // splits 2, 4, 8
+  return per_device(cached[splits == 2 ? 0 : splits == 4 ? 1 : 2], [&](int) {
+    auto kernel = ternary_wgmma_kernel<__nv_bfloat16, STAGES, BM>;  // fp16's has the same resources
+    if (prepare_kernel<__nv_bfloat16, STAGES, BM>() != cudaSuccess) return -1;
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3(splits * 64);
+    cfg.blockDim = dim3(kThreads);
+    cfg.dynamicSmemBytes = WgShape<STAGES, BM>::kSmemBytes;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeClusterDimension;
+    attr[0].val.clusterDim.x = splits;
+    attr[0].val.clusterDim.y = 1;
+    attr[0].val.clusterDim.z = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+    int clusters = 0;
+    return cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg) == cudaSuccess && clusters > 0 ? clusters * splits
+                                                                                                   : -1;
+  });
+}
+
 template <typename T, int STAGES, int BM>
 cudaError_t launch_wgmma_t(const void* x, const uint8_t* packed, const __half* scale, const void* bias, void* y,
                            int M, int N, int K, int ldp, int lds, int block_size, int k_offset, int splits,
                            cudaStream_t stream) {
   using S = WgShape<STAGES, BM>;
   auto kernel = ternary_wgmma_kernel<T, STAGES, BM>;
-  static int smem_set[kMaxDevices] = {};
-  if (const cudaError_t err = opt_in_shared_memory(kernel, S::kSmemBytes, smem_set); err != cudaSuccess) return err;
+  if (const cudaError_t err = prepare_kernel<T, STAGES, BM>(); err != cudaSuccess) return err;
   const auto encode = tensor_map_encoder();
   if (encode == nullptr) return cudaErrorNotSupported;
   // x as a 2-D tensor (K innermost, rows K * 2 bytes apart: K % 8 == 0 keeps them 16-byte aligned)
@@ -577,33 +611,49 @@ bool wgmma_fills_gpu(int M, int N) {
   return tiles / sms >= 3 || tiles % sms == 0 || 2 * (tiles % sms) >= sms;
 }
 
-// The tiling: the candidates' times modelled as waves x (k-steps a CTA x a k-step's time + a
-// CTA's fixed time), the least taken. Persistent CTAs (splits 1) overlap a tile's prologue with
-// the last one's epilogue; a split CTA adds two cluster barriers and the partial sums' exchange.
-// The constants are the H200's (us): see wgmma_split_model below the measurements.
+// The tiling: each candidate's time modelled as (k-steps a CTA walks) x (a k-step's time at its
+// tile) + (the split's exchange), the least taken. Fitted on the H200 to scripts/probes/
+// wgmma_probe.cu's split sweep (every tile x split on the 8 benchmark layers at M 64-4096, CUDA
+// graphs, inputs past L2; benchmarks/results/small-m-probes-h200.md, eleventh session): t = 2.66
+// + steps x (0.78 us at 256 tokens, 0.55 at 128) + (1.84 / 3.08 / 3.87 us at 128 tokens and 2, 4,
+// 8 CTAs; 3.15 / 5.52 / 7.85 at 256), median error 4 %; its pick is within 3.3 % of the sweep's
+// best on every (layer, M), 0.2 % in the geometric mean. The exchange is the partial tile through
+// distributed shared memory (~12 bytes a cycle an SM there). Auto splits only where the clusters
+// fit in one wave: a second wave of split CTAs paid the whole CTA again (qkv M 1024, 256 tokens:
+// 16.1 us unsplit, 24.3 at 2 CTAs = 2 waves, 55.6 at 4).
+constexpr double kStepUs256 = 0.78, kStepUs128 = 0.55;
+constexpr double kSplitUs[2][3] = {{1.84, 3.08, 3.87}, {3.15, 5.52, 7.85}};  // [256 tokens][splits 2, 4, 8]
+
 WgmmaTiling choose_wgmma_tiling(int M, int N, int K, int tokens_per_cta, int k_split) {
-  const int steps = (K + kBK - 1) / kBK, sms = std::max(sm_count(), 1);
+  const int steps = (K + kBK - 1) / kBK;
+  const long sms = std::max(sm_count(), 1);
   if (k_split > steps) return {0, 0};
   WgmmaTiling best{0, 0};
   double best_us = 0;
   for (int bm : {256, 128}) {
     if (tokens_per_cta != 0 && tokens_per_cta != bm) continue;
+    const long tiles = tile_count(M, N, bm);
+    const double step_us = bm == 256 ? kStepUs256 : kStepUs128;
     for (int s : {1, 2, 4, 8}) {
       if ((k_split != 0 && k_split != s) || s > steps) continue;
-      const long units = tile_count(M, N, bm) * s, cap = s == 1 ? sms : sms / s * s;
-      const long waves = (units + cap - 1) / cap;
-      const double step_us = bm == 256 ? 0.80 : 0.60, fixed_us = s == 1 ? 0.5 : 1.5 + 0.3 * s;
-      const double us = (double)waves * ((steps + s - 1) / s * step_us + fixed_us);
+      double us = 0;
+      if (s == 1) {
+        us = (double)steps * ((tiles + sms - 1) / sms) * step_us;  // persistent: a CTA's tiles in series
+      } else {
+        const long wave = bm == 256 ? cluster_wave<4, 256>(s) : cluster_wave<6, 128>(s);
+        if (k_split == 0 && (wave <= 0 || tiles * s > wave)) continue;
+        us = (double)((steps + s - 1) / s) * step_us + kSplitUs[bm == 256][s == 2 ? 0 : s == 4 ? 1 : 2];
+      }
       if (best.tokens == 0 || us < best_us) best = {bm, s}, best_us = us;
     }
   }
   return best;
 }
 
-// Tiles of 256 tokens (4 stages of 34 KB) where they still give at least one tile per two SMs:
-// they hide the decode under the wgmma (decode work per k-step is the W tile's, the same at 128
-// and 256 tokens; measured on the H200: o at M 4096 25.7 us against 35.4 us at 128). Below that
-// (gate_up M 256: 48 tiles against 96) tiles of 128 tokens (6 stages of 18 KB) and more of them.
+// Tiles of 256 tokens (4 stages of 34 KB) hide the decode under the wgmma (decode work per k-step
+// is the W tile's, the same at 128 and 256 tokens; measured on the H200: o at M 4096 25.7 us
+// against 35.4 us at 128); tiles of 128 tokens (6 stages of 18 KB) give twice the CTAs: chosen by
+// choose_wgmma_tiling.
 cudaError_t launch_wgmma(bool bf16, const void* x, const uint8_t* packed, const __half* scale, const void* bias,
                          void* y, int M, int N, int K, int ldp, int lds, int block_size, int k_offset,
                          int tokens_per_cta, int k_split, cudaStream_t stream) {

@@ -30,7 +30,12 @@ SHAPES = [
     ("qkv/tp4", 1024, 1024), ("o/tp4", 512, 1024), ("gate_up/tp4", 1024, 1536), ("down/tp4", 768, 1024),
 ]
 MS = [1, 8, 16, 64, 256, 1024, 4096, 16384]
-WGMMA_TOKENS = (128, 256)  # the wgmma kernel's tile widths (tokens; 128 W rows each), timed forced
+# The wgmma kernel's tilings timed forced: tokens a tile (128 W rows each) and CTAs a tile along K
+# (split-K over a cluster; 1 = persistent CTAs, no split). Splits only up to WGMMA_SPLIT_MAX_M:
+# past it their clusters take more than one wave and lose (the op's auto then never splits).
+WGMMA_TILINGS = {"128": (128, 1), "256": (256, 1), "128x2": (128, 2), "128x4": (128, 4), "128x8": (128, 8),
+                 "256x2": (256, 2), "256x4": (256, 4)}
+WGMMA_SPLIT_MAX_M = 1024
 
 
 def time_graph(fn_list, replays: int, replay_stream: torch.cuda.Stream | None = None) -> float:
@@ -167,8 +172,10 @@ def bench_shape(name, k, n, m, l2_bytes, replays, bs=128):
                           if m <= 32 else (None, None))
     # the tiled tensor-core kernel (M >= 64; see the op's dispatch rule): auto tile and each tile
     tiled, tiled_error = checked_times((4, 0), {str(t): (4, t) for t in (0, 64, 128)}) if m >= 64 else (None, None)
-    # the wgmma kernel (sm_90 only; M >= 64): auto tile and each tile width
-    wgmma, wgmma_error = (checked_times((5, 0), {"0": (5, 0), **{str(t): (5, 128, 0, 0, t) for t in WGMMA_TOKENS}})
+    # the wgmma kernel (sm_90 only; M >= 64): auto tiling and each tiling
+    wgmma, wgmma_error = (checked_times((5, 0), {"0": (5, 0), **{
+        name: (5, 128, split, 0, tokens) for name, (tokens, split) in WGMMA_TILINGS.items()
+        if split == 1 or m <= WGMMA_SPLIT_MAX_M}})
                           if m >= 64 and torch.cuda.get_device_capability() == (9, 0) else (None, None))
     # programmatic dependent launch (the op's pdl=True; the small-M kernel only): back to back,
     # and in a model's view, after an elementwise kernel that writes the call's activations (an
@@ -325,11 +332,13 @@ def markdown(result: dict) -> str:
     lines += _kernel_table(result["rows"], "tiled", ("64", "128"), ("64-row tile", "128-row tile"),
                            "Tiled tensor-core kernel, M >= 64 (us; auto = its tile rule; the op dispatches it at "
                            "M <= 64 where N >= 1536; `ternary us` above is the op as dispatched):", "Tiled kernel")
-    lines += _kernel_table(result["rows"], "wgmma", tuple(str(t) for t in WGMMA_TOKENS),
-                           tuple(f"{t}-token tile" for t in WGMMA_TOKENS),
-                           "wgmma kernel (sm_90a; 128 W rows x 128 or 256 tokens per CTA, auto by CTA count; the op "
-                           "dispatches it from M = TERNARY_WGMMA_MIN_M), M >= 64 (us; `ternary us` above is the op as "
-                           "dispatched):", "wgmma kernel")
+    lines += _kernel_table(result["rows"], "wgmma", tuple(WGMMA_TILINGS),
+                           tuple(f"{t} tok" + (f" x {s} CTAs" if s > 1 else "") for t, s in WGMMA_TILINGS.values()),
+                           "wgmma kernel (sm_90a; 128 W rows x 128 or 256 tokens per CTA, persistent or split along K "
+                           f"over a cluster of 2-8 CTAs (timed up to M {WGMMA_SPLIT_MAX_M}); auto = its tiling model; "
+                           "the op dispatches it from M = TERNARY_WGMMA_MIN_M where its tiles fill the GPU and from "
+                           "TERNARY_WGMMA_WIDE_MIN_M where N >= TERNARY_WGMMA_WIDE_MIN_N), M >= 64 (us; `ternary us` "
+                           "above is the op as dispatched):", "wgmma kernel")
     wrong = [f"64-weight units WRONG at {r['shape']} M={r['M']}: {r['mma64_error']}" for r in result["rows"]
              if r.get("mma64_error")]
     wrong += [f"{kernel} kernel WRONG at {r['shape']} M={r['M']}: {r[kernel + '_error']}" for kernel in ("tiled", "wgmma")

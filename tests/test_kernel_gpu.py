@@ -120,7 +120,8 @@ PATH_SHAPES = [
 # capped by the launcher), weights of K per unit (mma64: 64-weight units; auto takes them at M 9-16 with K <= 1024),
 # warps a CTA (mma16: 16, auto where the tiles fit in one wave at M <= 16);
 # the tiled kernel: W rows (and tokens) per CTA, 64 or 128; the wgmma kernel: W rows x tokens
-# per CTA, 128 x 128 or 128 x 256.
+# per CTA, 128 x 128 or 128 x 256, and CTAs a tile along K (split-K over a cluster, 2, 4 or 8;
+# choices with more CTAs than K has 64-weight k-steps are left out: refused, tested below).
 KERNELS = {
     "gemv": (GEMV, [(0, 0, 0)]),
     "mma": (MMA, [(0, 0, 0), (16, 0, 0), (32, 0, 0), (64, 0, 0), (0, 1, 0), (0, 2, 0), (0, 3, 0), (0, 8, 0),
@@ -131,6 +132,7 @@ KERNELS = {
     "dequant": (DEQUANT, [(0, 0, 0)]),
     "tiled": (TILED, [(0, 0, 0), (64, 0, 0), (128, 0, 0)]),
     "wgmma": (WGMMA, [(0, 0, 0, 0), (128, 0, 0, 128), (128, 0, 0, 256)]),
+    "wgmma_split": (WGMMA, [(128, 2, 0, 128), (128, 8, 0, 128), (128, 2, 0, 256), (128, 4, 0, 256), (0, 8, 0, 0)]),
 }
 
 
@@ -158,6 +160,8 @@ def test_each_kernel_matches_reference(m, n, k, k_offset, bs, reason, kernel, dt
     ref_scale = scale_cpu.to(dtype) if path in (DEQUANT, TILED, WGMMA) else scale_cpu
     ref = _reference(x, values, ref_scale, k, bs, k_offset, bias)
     for choice in choices:
+        if path == WGMMA and choice[1] > -(-k // 64):
+            continue
         _poison_allocator(m * n * 2)
         y = torch.ops.ternary_serve.gemm_path(x, packed, scale, bias, bs, k_offset, path, *choice)
         torch.cuda.synchronize()
@@ -241,18 +245,28 @@ def test_tiled_kernel_is_deterministic_and_refuses_what_it_cannot_read():
 
 
 def test_wgmma_kernel_is_deterministic_and_refuses_what_it_cannot_read():
-    """One CTA owns each output tile (no split-K): the same bits every run. A shard 32 weights into
-    a block, K % 8 != 0, an unaligned x, a tile it does not have, and (off Hopper) the device
-    itself are refused by name."""
+    """One CTA owns each output tile, or split-K adds the cluster's partial tiles in rank order:
+    the same bits every run either way. A shard 32 weights into a block, K % 8 != 0, an unaligned
+    x, a tile it does not have, a split it does not have or more CTAs than k-steps, and (off
+    Hopper) the device itself are refused by name."""
     if not HOPPER:
         x, packed, scale, _, _, _ = _case(256, 256, 1024, 0, 128, torch.bfloat16, seed=40)
         with pytest.raises(RuntimeError, match="runs on sm_90 \\(Hopper\\) devices only"):
             torch.ops.ternary_serve.gemm_path(x, packed, scale, None, 128, 0, WGMMA, 0)
         return
     x, packed, scale, bias, values, scale_cpu = _case(600, 1280, 2048, 0, 128, torch.bfloat16, seed=41)
-    runs = [torch.ops.ternary_serve.gemm_path(x, packed, scale, bias, 128, 0, WGMMA, 0) for _ in range(4)]
-    assert all(torch.equal(runs[0], r) for r in runs[1:])
-    assert _rel_err(runs[0], _reference(x, values, scale_cpu, 2048, 128, 0, bias)) < TOL[torch.bfloat16]
+    ref = _reference(x, values, scale_cpu.to(torch.bfloat16), 2048, 128, 0, bias)
+    for split in (0, 1, 4, 8):
+        runs = [torch.ops.ternary_serve.gemm_path(x, packed, scale, bias, 128, 0, WGMMA, 0, split, 0, 128)
+                for _ in range(4)]
+        assert all(torch.equal(runs[0], r) for r in runs[1:]), f"k_split {split}"
+        assert _rel_err(runs[0], ref) < TOL[torch.bfloat16], f"k_split {split}"
+    with pytest.raises(RuntimeError, match="k_split of the wgmma kernel must be 0 \\(auto\\), 1, 2, 4 or 8 CTAs a "
+                                           "tile along K and at most its 32 k-steps of 64 weights \\(K=2048\\), got 3"):
+        torch.ops.ternary_serve.gemm_path(x, packed, scale, bias, 128, 0, WGMMA, 0, 3)
+    x3, packed3, scale3, _, _, _ = _case(64, 256, 136, 0, 128, torch.bfloat16, seed=45)
+    with pytest.raises(RuntimeError, match="at most its 3 k-steps of 64 weights \\(K=136\\), got 4"):
+        torch.ops.ternary_serve.gemm_path(x3, packed3, scale3, None, 128, 0, WGMMA, 0, 4)
     x, packed, scale, bias, values, scale_cpu = _case(200, 96, 502, 32, 128, torch.bfloat16, seed=42)
     with pytest.raises(RuntimeError, match="wgmma kernel needs block_size and k_offset multiples of 64 \\(got 128 "
                                            "and 32\\), K a multiple of 8 \\(got 502\\)"):
@@ -281,8 +295,9 @@ def test_default_dispatch_takes_each_kernel_only_where_it_was_measured_faster():
     kernel, M <= 64 and N > 1536 -> the tiled kernel (each bit-identical to it forced), M = 65 ->
     dequantize + cuBLAS. M 4096 x N 1024 (128
     CTAs of 256 tokens) -> the wgmma kernel on Hopper, bit-identical to it forced and without a
-    bf16 copy of W; M 2048 x N 1536 (96 CTAs: under a wave) and M 300 (under TERNARY_WGMMA_MIN_M)
-    -> dequantize + cuBLAS, seen by its transient bf16 W. And the tensor-core kernel's unit: 64
+    bf16 copy of W, and so does M 300 x N 6144 (a wide layer from TERNARY_WGMMA_WIDE_MIN_M); M 2048
+    x N 1536 (96 CTAs: under a wave), M 255 x N 6144 (under the wide rule's M) and M 300 x N 1536
+    (narrower than its N) -> dequantize + cuBLAS, seen by its transient bf16 W. And the tensor-core kernel's unit: 64
     weights where K <= 1024 and 16 warps take the tiles (N 4096 at M 8 and 12), else 128; its
     warps (on 128+ SMs): 16 at N 4096 (256 tiles, one wave at 2 CTAs an SM), 8 at N 6144."""
     import os
@@ -313,7 +328,7 @@ def test_default_dispatch_takes_each_kernel_only_where_it_was_measured_faster():
         " 128, 0, 2, 0, warps=w, k_unit=64 if w == 16 else 0))]\n"
         "    out.append(f'{m},{n}:{same}' if big else f'{m},{n}:small-gpu')\n"
         "hopper = torch.cuda.get_device_capability() == (9, 0)\n"
-        "for m, n in ((4096, 1024), (2048, 1536), (300, 6144)):\n"
+        "for m, n in ((4096, 1024), (2048, 1536), (300, 6144), (255, 6144), (300, 1536)):\n"
         "    x, packed, scale, bias, _, _ = _case(m, n, 1024, 0, 128, torch.bfloat16, seed=m)\n"
         "    torch.cuda.synchronize()\n"
         "    torch.cuda.reset_peak_memory_stats()\n"
@@ -334,7 +349,8 @@ def test_default_dispatch_takes_each_kernel_only_where_it_was_measured_faster():
     assert proc.stdout.split() == ["64,2048:[4]", "40,1536:[2]", "64,1024:[2]", "65,2048:[3]", "65,1024:[3]",
                                    "12,1024:[64]", "16,2048:[128]", "8,1024:[64]", *warps,
                                    "4096,1024:" + ("wgmma" if HOPPER else "dequant"), "2048,1536:dequant",
-                                   "300,6144:dequant"], proc.stdout
+                                   "300,6144:" + ("wgmma" if HOPPER else "dequant"), "255,6144:dequant",
+                                   "300,1536:dequant"], proc.stdout
 
 
 def test_reference_path_agrees_on_gpu():
