@@ -48,12 +48,15 @@ namespace {
 //     copy of W). Measured on the H200: 4-29 % faster than dequantize + cuBLAS on the rows it
 //     takes (qkv M 1024; all but gate_up/tp4 at M 4096); at M 16384 dequantize + cuBLAS won 6 of
 //     8 rows by 3-12 % before the kernel was made persistent (+4-6 % since, on the probe), so
-//     the MAX_M until the benchmark says otherwise; and from TERNARY_WGMMA_WIDE_MIN_M (default
-//     256; 0 = off) on layers with N >= TERNARY_WGMMA_WIDE_MIN_N (default 4096), whose transient
-//     bf16 copy is the largest: there its 128-token tiles, split along K over a cluster where
-//     they leave SMs idle (choose_wgmma_tiling), beat dequantize + cuBLAS at M 256 in the
-//     eleventh session's sweep (qkv 9.4 vs 11.2 us, gate_up 11.6 vs 14.5) and lost on N <= 1536
-//     (gate_up/tp4 8.8 vs 7.9, o 10.2 vs 9.7);
+//     the MAX_M until the benchmark says otherwise; and, on layers with N >=
+//     TERNARY_WGMMA_WIDE_MIN_N (default 4096), whose transient bf16 copy is the largest, at
+//     TERNARY_WGMMA_WIDE_MIN_M (default 65; 0 = off) <= M <= TERNARY_WGMMA_WIDE_MAX_M (default
+//     1023): its tiles (choose_wgmma_tiling: 128 tokens, split along K over a cluster where they
+//     leave SMs idle) beat dequantize + cuBLAS there in the eleventh session's run
+//     (kernel-h200.md, kernel-h200-midm.md): M 128 qkv 9.38 vs 10.40 us, gate_up 9.51 vs 12.17;
+//     M 256 9.53 vs 11.20, 11.71 vs 14.38; M 512 11.95 vs 13.86, 16.13 vs 18.42 (M 65-127 run
+//     M 128's tiles); they lost on every layer with N <= 1536 from M 256 (o 10.18 vs 9.66,
+//     gate_up/tp4 8.82 vs 7.96) and on gate_up at M 1024 (30.0 vs 27.0: 1.45 waves);
 //   else M <= TERNARY_GEMV_MAX_M (default 1): the warp-per-row kernel (any k_offset);
 //   else: dequantize + cuBLAS.
 // pdl: the tensor-core kernel is launched with programmatic dependent launch on sm_90
@@ -70,15 +73,15 @@ int64_t env_int(const char* name, int64_t fallback) {
 // The dispatch limits above, read once per process.
 struct Limits {
   int64_t gemv_max_m, mma_max_m, mma_narrow_max_m, mma_narrow_max_n, mma64_max_k, tiled_max_m, tiled_min_n,
-      wgmma_min_m, wgmma_max_m, wgmma_wide_min_m, wgmma_wide_min_n;
+      wgmma_min_m, wgmma_max_m, wgmma_wide_min_m, wgmma_wide_max_m, wgmma_wide_min_n;
 };
 const Limits& limits() {
   static const Limits v{env_int("TERNARY_GEMV_MAX_M", 1),    env_int("TERNARY_MMA_MAX_M", 32),
                         env_int("TERNARY_MMA_NARROW_MAX_M", 64), env_int("TERNARY_MMA_NARROW_MAX_N", 1536),
                         env_int("TERNARY_MMA64_MAX_K", 1024), env_int("TERNARY_TILED_MAX_M", 64),
                         env_int("TERNARY_TILED_MIN_N", 1536), env_int("TERNARY_WGMMA_MIN_M", 1024),
-                        env_int("TERNARY_WGMMA_MAX_M", 8192), env_int("TERNARY_WGMMA_WIDE_MIN_M", 256),
-                        env_int("TERNARY_WGMMA_WIDE_MIN_N", 4096)};
+                        env_int("TERNARY_WGMMA_MAX_M", 8192), env_int("TERNARY_WGMMA_WIDE_MIN_M", 65),
+                        env_int("TERNARY_WGMMA_WIDE_MAX_M", 1023), env_int("TERNARY_WGMMA_WIDE_MIN_N", 4096)};
   return v;
 }
 
@@ -205,7 +208,8 @@ torch::Tensor gemm_path(const torch::Tensor& x,       // [M, K] bf16/fp16
     const bool mma_m = M <= l.mma_max_m || (M <= l.mma_narrow_max_m && N <= l.mma_narrow_max_n);
     const bool wgmma_m = M <= l.wgmma_max_m &&
                          ((l.wgmma_min_m > 0 && M >= l.wgmma_min_m && ternary::wgmma_fills_gpu(M, N)) ||
-                          (l.wgmma_wide_min_m > 0 && M >= l.wgmma_wide_min_m && N >= l.wgmma_wide_min_n));
+                          (l.wgmma_wide_min_m > 0 && M >= l.wgmma_wide_min_m && M <= l.wgmma_wide_max_m &&
+                           N >= l.wgmma_wide_min_n));
     path = (mma_ok && mma_m)                                                ? kMma
            : (tiled_ok && M <= l.tiled_max_m && N >= l.tiled_min_n)        ? kTiled
            : (wgmma_ok && wgmma_m && ternary::wgmma_supported())            ? kWgmma

@@ -251,7 +251,7 @@ __device__ __forceinline__ void split_k_reduce(float (&acc)[BM / 2], float* red,
 // (tile t: W rows 128 (t % tiles_n), tokens BM (t / tiles_n)); the producer runs on into the
 // next tile's k-steps while the MMA warpgroups write the last one out, so only the first tile
 // waits for its copies, and the next tile's scales are loaded during the epilogue.
-template <typename T, int STAGES, int BM>
+template <typename T, int STAGES, int BM, bool SPLIT>
 __global__ void __launch_bounds__(kThreads, 1)
 ternary_wgmma_kernel(const __grid_constant__ CUtensorMap x_map,     // x [M, K]: boxes 64 x BM, 128-byte swizzle
                      const __grid_constant__ CUtensorMap code_map,  // packed [N, ldp]: boxes 16 B x 128 rows
@@ -269,11 +269,15 @@ ternary_wgmma_kernel(const __grid_constant__ CUtensorMap x_map,     // x [M, K]:
   const int tid = threadIdx.x;
   const int steps = (K + kBK - 1) / kBK;
   const int tiles_n = (N + kBN - 1) / kBN, tiles = tiles_n * ((M + BM - 1) / BM);
-  // splits > 1: the CTAs blockIdx.x / splits * splits .. + splits - 1 are one cluster and share
-  // one tile's K, each its own run of k-steps (the host launches exactly tiles x splits CTAs);
-  // rank == the CTA's rank in its cluster (cluster dims (splits, 1, 1)).
-  const int first_tile = blockIdx.x / splits, tile_stride = gridDim.x / splits, rank = blockIdx.x % splits;
-  const int kt0 = rank * steps / splits, nk = (rank + 1) * steps / splits - kt0;  // this CTA's k-steps
+  // SPLIT (splits 2, 4 or 8): the CTAs blockIdx.x / splits * splits .. + splits - 1 are one
+  // cluster and share one tile's K, each its own run of k-steps (the host launches exactly tiles
+  // x splits CTAs); rank == the CTA's rank in its cluster (cluster dims (splits, 1, 1)). Not
+  // SPLIT: persistent CTAs, all of K (a template parameter, so that this code is what it was
+  // before the split: a runtime one cost 5-10 % at M 4096, registers and spills).
+  const int first_tile = SPLIT ? blockIdx.x / splits : blockIdx.x;
+  const int tile_stride = SPLIT ? gridDim.x / splits : gridDim.x, rank = SPLIT ? blockIdx.x % splits : 0;
+  const int kt0 = SPLIT ? rank * steps / splits : 0;
+  const int nk = SPLIT ? (rank + 1) * steps / splits - kt0 : steps;  // this CTA's k-steps
 
   if (tid == 0) {
     for (int s = 0; s < STAGES; ++s) {
@@ -310,7 +314,7 @@ ternary_wgmma_kernel(const __grid_constant__ CUtensorMap x_map,     // x [M, K]:
       }
       WGMMA_FLUSH(true, 0, nk);
     }
-    if (splits > 1) {  // the MMA warpgroups' two cluster barriers (the split-K reduction below)
+    if constexpr (SPLIT) {  // the MMA warpgroups' two cluster barriers (the split-K reduction below)
       __syncwarp();    // the copying lane rejoins its warp (the barriers are .aligned)
       cluster_barrier<false>();
       cluster_barrier<true>();
@@ -423,7 +427,7 @@ ternary_wgmma_kernel(const __grid_constant__ CUtensorMap x_map,     // x [M, K]:
     // This CTA writes the tile's tokens [t_lo, t_hi): all of them, or with splits > 1 its share
     // (BM / splits tokens), after adding every CTA's partial sums of it.
     int t_lo = 0, t_hi = BM;
-    if (splits > 1) {
+    if constexpr (SPLIT) {
       float* red = reinterpret_cast<float*>(smem);
       if (splits == 2) split_k_reduce<BM, STAGES, 2>(acc, red, rank, tid);
       else if (splits == 4) split_k_reduce<BM, STAGES, 4>(acc, red, rank, tid);
@@ -510,10 +514,10 @@ PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
 }
 
 // The kernel with its shared memory opted in on the current device (once per device).
-template <typename T, int STAGES, int BM>
+template <typename T, int STAGES, int BM, bool SPLIT>
 cudaError_t prepare_kernel() {
   static int smem_set[kMaxDevices] = {};
-  return opt_in_shared_memory(ternary_wgmma_kernel<T, STAGES, BM>, WgShape<STAGES, BM>::kSmemBytes, smem_set);
+  return opt_in_shared_memory(ternary_wgmma_kernel<T, STAGES, BM, SPLIT>, WgShape<STAGES, BM>::kSmemBytes, smem_set);
 }
 
 // CTAs of the BM-token kernel that run at once in clusters of `splits` (its wave; 1 CTA an SM,
@@ -523,8 +527,8 @@ template <int STAGES, int BM>
 int cluster_wave(int splits) {
   static int cached[3][kMaxDevices] = {};  // splits 2, 4, 8
   return per_device(cached[splits == 2 ? 0 : splits == 4 ? 1 : 2], [&](int) {
-    auto kernel = ternary_wgmma_kernel<__nv_bfloat16, STAGES, BM>;  // fp16's has the same resources
-    if (prepare_kernel<__nv_bfloat16, STAGES, BM>() != cudaSuccess) return -1;
+    auto kernel = ternary_wgmma_kernel<__nv_bfloat16, STAGES, BM, true>;  // fp16's has the same resources
+    if (prepare_kernel<__nv_bfloat16, STAGES, BM, true>() != cudaSuccess) return -1;
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = dim3(splits * 64);
     cfg.blockDim = dim3(kThreads);
@@ -547,8 +551,10 @@ cudaError_t launch_wgmma_t(const void* x, const uint8_t* packed, const __half* s
                            int M, int N, int K, int ldp, int lds, int block_size, int k_offset, int splits,
                            cudaStream_t stream) {
   using S = WgShape<STAGES, BM>;
-  auto kernel = ternary_wgmma_kernel<T, STAGES, BM>;
-  if (const cudaError_t err = prepare_kernel<T, STAGES, BM>(); err != cudaSuccess) return err;
+  auto kernel = splits > 1 ? ternary_wgmma_kernel<T, STAGES, BM, true> : ternary_wgmma_kernel<T, STAGES, BM, false>;
+  if (const cudaError_t err = splits > 1 ? prepare_kernel<T, STAGES, BM, true>() : prepare_kernel<T, STAGES, BM, false>();
+      err != cudaSuccess)
+    return err;
   const auto encode = tensor_map_encoder();
   if (encode == nullptr) return cudaErrorNotSupported;
   // x as a 2-D tensor (K innermost, rows K * 2 bytes apart: K % 8 == 0 keeps them 16-byte aligned)

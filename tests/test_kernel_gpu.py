@@ -295,9 +295,9 @@ def test_default_dispatch_takes_each_kernel_only_where_it_was_measured_faster():
     kernel, M <= 64 and N > 1536 -> the tiled kernel (each bit-identical to it forced), M = 65 ->
     dequantize + cuBLAS. M 4096 x N 1024 (128
     CTAs of 256 tokens) -> the wgmma kernel on Hopper, bit-identical to it forced and without a
-    bf16 copy of W, and so does M 300 x N 6144 (a wide layer from TERNARY_WGMMA_WIDE_MIN_M); M 2048
-    x N 1536 (96 CTAs: under a wave), M 255 x N 6144 (under the wide rule's M) and M 300 x N 1536
-    (narrower than its N) -> dequantize + cuBLAS, seen by its transient bf16 W. And the tensor-core kernel's unit: 64
+    bf16 copy of W, and so do M 300 x N 6144 and M 65 x N 4096 (wide layers, TERNARY_WGMMA_WIDE_*);
+    M 2048 x N 1536 (96 CTAs: under a wave), M 1024 x N 6144 (past the wide rule's M, 1.45 waves)
+    and M 300 x N 1536 (narrower than its N) -> dequantize + cuBLAS, seen by its transient bf16 W. And the tensor-core kernel's unit: 64
     weights where K <= 1024 and 16 warps take the tiles (N 4096 at M 8 and 12), else 128; its
     warps (on 128+ SMs): 16 at N 4096 (256 tiles, one wave at 2 CTAs an SM), 8 at N 6144."""
     import os
@@ -328,7 +328,7 @@ def test_default_dispatch_takes_each_kernel_only_where_it_was_measured_faster():
         " 128, 0, 2, 0, warps=w, k_unit=64 if w == 16 else 0))]\n"
         "    out.append(f'{m},{n}:{same}' if big else f'{m},{n}:small-gpu')\n"
         "hopper = torch.cuda.get_device_capability() == (9, 0)\n"
-        "for m, n in ((4096, 1024), (2048, 1536), (300, 6144), (255, 6144), (300, 1536)):\n"
+        "for m, n in ((4096, 1024), (2048, 1536), (300, 6144), (65, 4096), (1024, 6144), (300, 1536)):\n"
         "    x, packed, scale, bias, _, _ = _case(m, n, 1024, 0, 128, torch.bfloat16, seed=m)\n"
         "    torch.cuda.synchronize()\n"
         "    torch.cuda.reset_peak_memory_stats()\n"
@@ -349,7 +349,8 @@ def test_default_dispatch_takes_each_kernel_only_where_it_was_measured_faster():
     assert proc.stdout.split() == ["64,2048:[4]", "40,1536:[2]", "64,1024:[2]", "65,2048:[3]", "65,1024:[3]",
                                    "12,1024:[64]", "16,2048:[128]", "8,1024:[64]", *warps,
                                    "4096,1024:" + ("wgmma" if HOPPER else "dequant"), "2048,1536:dequant",
-                                   "300,6144:" + ("wgmma" if HOPPER else "dequant"), "255,6144:dequant",
+                                   "300,6144:" + ("wgmma" if HOPPER else "dequant"),
+                                   "65,4096:" + ("wgmma" if HOPPER else "dequant"), "1024,6144:dequant",
                                    "300,1536:dequant"], proc.stdout
 
 
