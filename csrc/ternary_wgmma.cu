@@ -620,7 +620,7 @@ bool wgmma_fills_gpu(int M, int N) {
 // The tiling: each candidate's time modelled as (k-steps a CTA walks) x (a k-step's time at its
 // tile) + (the split's exchange), the least taken. Fitted on the H200 to scripts/probes/
 // wgmma_probe.cu's split sweep (every tile x split on the 8 benchmark layers at M 64-4096, CUDA
-// graphs, inputs past L2; benchmarks/results/small-m-probes-h200.md, eleventh session): t = 2.66
+// graphs, inputs past L2; benchmarks/results/wgmma-split-h200.md): t = 2.66
 // + steps x (0.78 us at 256 tokens, 0.55 at 128) + (1.84 / 3.08 / 3.87 us at 128 tokens and 2, 4,
 // 8 CTAs; 3.15 / 5.52 / 7.85 at 256), median error 4 %; its pick is within 3.3 % of the sweep's
 // best on every (layer, M), 0.2 % in the geometric mean. The exchange is the partial tile through
