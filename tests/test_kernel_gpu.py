@@ -377,8 +377,14 @@ def test_dequantize_is_exact_in_fp16(n, k, k_offset, padded):
     assert torch.equal(w.cpu(), expect)
 
 
-def test_cuda_graph_and_compile_capture():
-    x, packed, scale, bias, _, _ = _case(8, 256, 1024, 0, 128, torch.bfloat16, seed=4)
+# (M, N): the small-M kernel, and (on Hopper) the wgmma kernel's split-K (a cluster launch: M 256
+# of a wide layer, 128-token tiles x 2 CTAs) and persistent CTAs (M 1024), as vLLM captures them
+GRAPH_CASES = [(8, 256), (256, 4096), (1024, 4096)]
+
+
+@pytest.mark.parametrize("m,n", GRAPH_CASES, ids=[f"m{m}-n{n}" for m, n in GRAPH_CASES])
+def test_cuda_graph_and_compile_capture(m, n):
+    x, packed, scale, bias, _, _ = _case(m, n, 1024, 0, 128, torch.bfloat16, seed=4 + m)
     expect = torch.ops.ternary_serve.gemm(x, packed, scale, bias, 128, 0)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
