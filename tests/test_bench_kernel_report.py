@@ -47,13 +47,19 @@ def test_tiled_kernel_table_says_where_it_beats_dequantize_and_cublas():
 
 
 def test_wgmma_kernel_table_says_where_it_beats_dequantize_and_cublas():
-    by_tile = {"0": 30.0, "128": 41.5, "256": 30.0}
+    by_tile = {"0": 30.0, "128": 41.5, "256": 30.0}  # M 4096: no split tilings timed
+    by_split = {"0": 8.5, "128": 11.5, "256": 15.8, "128x2": 8.5, "128x4": 22.8, "128x8": 35.8, "256x2": 12.7,
+                "256x4": 22.4}
     rows = [_row("gate_up", 4096, 40.0, 36.0, wgmma_us=30.0, wgmma_us_by_tile=by_tile),
+            _row("qkv", 256, 8.5, 6.4, wgmma_us=8.5, wgmma_us_by_tile=by_split),
             _row("o", 4096, 20.0, 18.0, wgmma_error="relative error 2.0e-01")]
     md = markdown({"gpu": "H200", "torch": "2.11", "cuda": "13.0", "command": "c",
                    "ceilings": {"copy_TBps": 2.7, "bf16_matmul_8192_TFLOPs": 790.0}, "rows": rows})
-    assert "| shape | M | wgmma us | 128-token tile | 256-token tile | op us |" in md
+    assert ("| shape | M | wgmma us | 128 tok | 256 tok | 128 tok x 2 CTAs | 128 tok x 4 CTAs | 128 tok x 8 CTAs | "
+            "256 tok x 2 CTAs | 256 tok x 4 CTAs | op us |") in md
     # dequant_us is 9.0 in every _row; K 3072, N 1024: 2 * 4096 * 1024 * 3072 / 30 us = 858.99 TFLOP/s
-    assert "| gate_up | 4096 | 30.0 | 41.5 | 30.0 | 40.0 | 9.0 | 36.0 | 0.300x | 1.200x | 859.0 |" in md
-    assert "wgmma kernel faster than dequantize + cuBLAS in 0 of 1 rows: none." in md
+    assert "| gate_up | 4096 | 30.0 | 41.5 | 30.0 | - | - | - | - | - | 40.0 | 9.0 | 36.0 | 0.300x | 1.200x | 859.0 |" in md
+    # 9.0 / 8.5 = 1.059, 6.4 / 8.5 = 0.753; 2 * 256 * 1024 * 3072 / 8.5 us = 189.5 TFLOP/s
+    assert "| qkv | 256 | 8.5 | 11.5 | 15.8 | 8.5 | 22.8 | 35.8 | 12.7 | 22.4 | 8.5 | 9.0 | 6.4 | 1.059x | 0.753x | 189.5 |" in md
+    assert "wgmma kernel faster than dequantize + cuBLAS in 1 of 2 rows: qkv M=256." in md
     assert "wgmma kernel WRONG at o M=4096: relative error 2.0e-01" in md
