@@ -56,8 +56,8 @@
 // Probe hooks, empty here: scripts/probes/wgmma_probe.cu defines them to time each role's
 // k-steps (clock64 per event) and to switch parts off, so the pipeline can be measured piece by
 // piece on the GPU without a second copy of the kernel. WGMMA_PROBE bits: 1 skip the decode,
-// 2 skip the wgmma, 4 skip the tensor-map prefetch. Every mbarrier wait and arrive stays in each
-// case (a skipped wait hangs the pipeline).
+// 2 skip the wgmma. Every mbarrier wait and arrive stays in each case (a skipped wait hangs the
+// pipeline).
 #ifndef WGMMA_EVENT
 #define WGMMA_EVENT(cond, role, kt)
 #endif
@@ -279,12 +279,6 @@ ternary_wgmma_kernel(const __grid_constant__ CUtensorMap x_map,     // x [M, K]:
   const int kt0 = SPLIT ? rank * steps / splits : 0;
   const int nk = SPLIT ? (rank + 1) * steps / splits - kt0 : steps;  // this CTA's k-steps
 
-  if (tid == kMmaThreads && !(WGMMA_PROBE & 4)) {
-    // the TMA's descriptors (kernel parameters) fetched while the barriers are set up, not on
-    // the first copy's critical path (as CUTLASS's prefetch_tma_descriptor)
-    asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(&x_map)) : "memory");
-    asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(&code_map)) : "memory");
-  }
   if (tid == 0) {
     for (int s = 0; s < STAGES; ++s) {
       mbar_init(full_bar + 8 * s, 1);                 // the producer's arrive, with the TMA's bytes
