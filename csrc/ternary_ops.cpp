@@ -21,6 +21,7 @@ cudaError_t launch_mma(bool bf16, const void* x, const uint8_t* packed, const __
 cudaError_t launch_tiled(bool bf16, const void* x, const uint8_t* packed, const __half* scale, const void* bias,
                          void* y, int M, int N, int K, int ldp, int lds, int block_size, int k_offset, int tile,
                          cudaStream_t stream);
+bool tiled_fits_one_wave(int M, int N);
 }  // namespace ternary
 
 namespace {
@@ -41,7 +42,11 @@ namespace {
 //     dequantize + cuBLAS on every measured shape with N >= 1536 (gate_up/tp4 1.06x, qkv
 //     1.46x, gate_up 1.78x) and lost on the N = 1024 ones (its 16 CTAs leave most SMs idle);
 //     from M = 256 up it wins only on the tp 4 shards at M = 256, by 2-10 % (kernel-h200.md,
-//     "Tiled tensor-core kernel");
+//     "Tiled tensor-core kernel"); and up to TERNARY_TILED_WAVE_MAX_M (default 128) where its
+//     auto tiles fit in one wave (ternary::tiled_fits_one_wave): at M 128 (kernel-h200-midm.md of
+//     7f95483) qkv 7.62 us against the wgmma kernel's 9.40 (dequantize + cuBLAS 10.44),
+//     gate_up/tp4 7.47 vs 7.75; where they did not fit it lost (gate_up, 192 CTAs: 13.6 vs 9.5),
+//     as on N = 1024 (the rule's TILED_MIN_N);
 //   else TERNARY_WGMMA_MIN_M (default 1024; 0 = off) <= M <= TERNARY_WGMMA_MAX_M (default
 //     8192), an sm_90 device, the wgmma kernel's conditions (wgmma_ok below) and enough CTAs to
 //     fill the GPU (ternary::wgmma_fills_gpu): the wgmma kernel (csrc/ternary_wgmma.cu; no bf16
@@ -73,13 +78,14 @@ int64_t env_int(const char* name, int64_t fallback) {
 // The dispatch limits above, read once per process.
 struct Limits {
   int64_t gemv_max_m, mma_max_m, mma_narrow_max_m, mma_narrow_max_n, mma64_max_k, tiled_max_m, tiled_min_n,
-      wgmma_min_m, wgmma_max_m, wgmma_wide_min_m, wgmma_wide_max_m, wgmma_wide_min_n;
+      tiled_wave_max_m, wgmma_min_m, wgmma_max_m, wgmma_wide_min_m, wgmma_wide_max_m, wgmma_wide_min_n;
 };
 const Limits& limits() {
   static const Limits v{env_int("TERNARY_GEMV_MAX_M", 1),    env_int("TERNARY_MMA_MAX_M", 32),
                         env_int("TERNARY_MMA_NARROW_MAX_M", 64), env_int("TERNARY_MMA_NARROW_MAX_N", 1536),
                         env_int("TERNARY_MMA64_MAX_K", 1024), env_int("TERNARY_TILED_MAX_M", 64),
-                        env_int("TERNARY_TILED_MIN_N", 1536), env_int("TERNARY_WGMMA_MIN_M", 1024),
+                        env_int("TERNARY_TILED_MIN_N", 1536), env_int("TERNARY_TILED_WAVE_MAX_M", 128),
+                        env_int("TERNARY_WGMMA_MIN_M", 1024),
                         env_int("TERNARY_WGMMA_MAX_M", 8192), env_int("TERNARY_WGMMA_WIDE_MIN_M", 65),
                         env_int("TERNARY_WGMMA_WIDE_MAX_M", 1023), env_int("TERNARY_WGMMA_WIDE_MIN_N", 4096)};
   return v;
@@ -211,7 +217,8 @@ torch::Tensor gemm_path(const torch::Tensor& x,       // [M, K] bf16/fp16
                           (l.wgmma_wide_min_m > 0 && M >= l.wgmma_wide_min_m && M <= l.wgmma_wide_max_m &&
                            N >= l.wgmma_wide_min_n));
     path = (mma_ok && mma_m)                                                ? kMma
-           : (tiled_ok && M <= l.tiled_max_m && N >= l.tiled_min_n)        ? kTiled
+           : (tiled_ok && N >= l.tiled_min_n &&
+              (M <= l.tiled_max_m || (M <= l.tiled_wave_max_m && ternary::tiled_fits_one_wave(M, N)))) ? kTiled
            : (wgmma_ok && wgmma_m && ternary::wgmma_supported())            ? kWgmma
            : (rows_padded && M <= l.gemv_max_m)                            ? kGemv
                                                                             : kDequant;

@@ -268,6 +268,12 @@ cudaError_t launch_shape(const T* x, const uint8_t* packed, const __half* scale,
   return cudaGetLastError();
 }
 
+// Auto: the large tile where it still gives every SM a CTA, else the small one.
+int auto_tile(int M, int N) {
+  const long large = (long)((N + 127) / 128) * ((M + 127) / 128);
+  return large >= sm_count() ? 128 : 64;
+}
+
 // Two tiles, 3 stages of 72 KB each: "large" 128 W rows x 128 tokens (warps 4 x 1 x 2: four
 // 32 x 128 output tiles, two units a stage) and "small" 64 x 64 (warps 2 x 1 x 4: two 32 x 64
 // output tiles, four units a stage, for shapes whose large tiles would leave SMs idle).
@@ -278,10 +284,7 @@ cudaError_t launch_tiled_t(const void* x, const uint8_t* packed, const __half* s
   const T* xt = static_cast<const T*>(x);
   const T* bt = static_cast<const T*>(bias);
   T* yt = static_cast<T*>(y);
-  if (tile == 0) {  // auto: the large tile where it still gives every SM a CTA
-    const long large = (long)((N + 127) / 128) * ((M + 127) / 128);
-    tile = large >= sm_count() ? 128 : 64;
-  }
+  if (tile == 0) tile = auto_tile(M, N);
   switch (tile) {
     case 128:
       return launch_shape<T, 4, 1, 2, 2, 16, 3>(xt, packed, scale, bt, yt, M, N, K, ldp, lds, block_size, k_offset,
@@ -294,6 +297,13 @@ cudaError_t launch_tiled_t(const void* x, const uint8_t* packed, const __half* s
 }
 
 }  // namespace
+
+// Whether the auto tile's CTAs (one an SM: 216 KB of shared memory each) run in one wave: the
+// op's dispatch past TERNARY_TILED_MAX_M (see ternary_ops.cpp).
+bool tiled_fits_one_wave(int M, int N) {
+  const int t = auto_tile(M, N), sms = sm_count();
+  return sms > 0 && (long)((N + t - 1) / t) * ((M + t - 1) / t) <= sms;
+}
 
 // tile: W rows (and tokens) per CTA, 64 or 128; 0 = auto (above).
 cudaError_t launch_tiled(bool bf16, const void* x, const uint8_t* packed, const __half* scale, const void* bias,

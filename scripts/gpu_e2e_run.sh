@@ -61,7 +61,7 @@ LOGS=/root/e2e-logs
 [ -e /root/mma_broken ] && export TERNARY_MMA_MAX_M=0 TERNARY_MMA_NARROW_MAX_M=0 && echo "NOTE: tensor-core kernel off (its GPU tests failed)"
 [ -e /root/gemv_broken ] && export TERNARY_GEMV_MAX_M=0 && echo "NOTE: gemv kernel off (its GPU tests failed)"
 [ -e /root/mma64_broken ] && export TERNARY_MMA64_MAX_K=0 && echo "NOTE: 64-weight units off (their GPU tests failed)"
-[ -e /root/tiled_broken ] && export TERNARY_TILED_MAX_M=0 && echo "NOTE: tiled kernel off (its GPU tests failed)"
+[ -e /root/tiled_broken ] && export TERNARY_TILED_MAX_M=0 TERNARY_TILED_WAVE_MAX_M=0 && echo "NOTE: tiled kernel off (its GPU tests failed)"
 [ -e /root/wgmma_broken ] && export TERNARY_WGMMA_MIN_M=0 TERNARY_WGMMA_WIDE_MIN_M=0 && echo "NOTE: wgmma kernel off (its GPU tests failed)"
 
 env_json() {  # GPU, versions, and this stage's command, for the report

@@ -292,14 +292,16 @@ def test_wgmma_kernel_is_deterministic_and_refuses_what_it_cannot_read():
 
 def test_default_dispatch_takes_each_kernel_only_where_it_was_measured_faster():
     """Without the overrides the kernel stage sets: M <= 64 and N <= 1536 -> the tensor-core
-    kernel, M <= 64 and N > 1536 -> the tiled kernel (each bit-identical to it forced), M = 65 ->
-    dequantize + cuBLAS. M 4096 x N 1024 (128
-    CTAs of 256 tokens) -> the wgmma kernel on Hopper, bit-identical to it forced and without a
-    bf16 copy of W, and so do M 300 x N 6144 and M 65 x N 4096 (wide layers, TERNARY_WGMMA_WIDE_*);
-    M 2048 x N 1536 (96 CTAs: under a wave), M 1024 x N 6144 (past the wide rule's M, 1.45 waves)
-    and M 300 x N 1536 (narrower than its N) -> dequantize + cuBLAS, seen by its transient bf16 W. And the tensor-core kernel's unit: 64
-    weights where K <= 1024 and 16 warps take the tiles (N 4096 at M 8 and 12), else 128; its
-    warps (on 128+ SMs): 16 at N 4096 (256 tiles, one wave at 2 CTAs an SM), 8 at N 6144."""
+    kernel, M <= 64 and N > 1536 -> the tiled kernel (each bit-identical to it forced); M 65-128
+    and N >= 1536 -> the tiled kernel where its 64 x 64 tiles fit one wave (N 2048 at M 65, N 4096
+    at M 128), N = 1024 -> dequantize + cuBLAS. M 4096 x N 1024 (128 CTAs of 256 tokens) -> the
+    wgmma kernel on Hopper, bit-identical to it forced and without a bf16 copy of W, and so do M
+    300 x N 6144 and M 65 x N 6144 (wide layers, TERNARY_WGMMA_WIDE_*; the tiled kernel's 192 CTAs
+    are past a wave); M 2048 x N 1536 (96 CTAs: under a wave), M 1024 x N 6144 (past the wide
+    rule's M, 1.45 waves) and M 300 x N 1536 (narrower than its N) -> dequantize + cuBLAS, seen by
+    its transient bf16 W. And the tensor-core kernel's unit: 64 weights where K <= 1024 and 16
+    warps take the tiles (N 4096 at M 8 and 12), else 128; its warps (on 128+ SMs): 16 at N 4096
+    (256 tiles, one wave at 2 CTAs an SM), 8 at N 6144."""
     import os
     import subprocess
     import sys
@@ -308,7 +310,7 @@ def test_default_dispatch_takes_each_kernel_only_where_it_was_measured_faster():
         "import torch\n"
         "from tests.test_kernel_gpu import _case\n"
         "out = []\n"
-        "for m, n in ((64, 2048), (40, 1536), (64, 1024), (65, 2048), (65, 1024)):\n"
+        "for m, n in ((64, 2048), (40, 1536), (64, 1024), (65, 2048), (65, 1024), (128, 4096)):\n"
         "    x, packed, scale, bias, _, _ = _case(m, n, 1024, 0, 128, torch.bfloat16, seed=m + n)\n"
         "    y = torch.ops.ternary_serve.gemm(x, packed, scale, bias, 128, 0)\n"
         "    same = [p for p in (2, 3, 4) if torch.equal(y, torch.ops.ternary_serve.gemm_path(x, packed, scale, bias,"
@@ -328,7 +330,7 @@ def test_default_dispatch_takes_each_kernel_only_where_it_was_measured_faster():
         " 128, 0, 2, 0, warps=w, k_unit=64 if w == 16 else 0))]\n"
         "    out.append(f'{m},{n}:{same}' if big else f'{m},{n}:small-gpu')\n"
         "hopper = torch.cuda.get_device_capability() == (9, 0)\n"
-        "for m, n in ((4096, 1024), (2048, 1536), (300, 6144), (65, 4096), (1024, 6144), (300, 1536)):\n"
+        "for m, n in ((4096, 1024), (2048, 1536), (300, 6144), (65, 6144), (1024, 6144), (300, 1536)):\n"
         "    x, packed, scale, bias, _, _ = _case(m, n, 1024, 0, 128, torch.bfloat16, seed=m)\n"
         "    torch.cuda.synchronize()\n"
         "    torch.cuda.reset_peak_memory_stats()\n"
@@ -346,11 +348,15 @@ def test_default_dispatch_takes_each_kernel_only_where_it_was_measured_faster():
     assert proc.returncode == 0, proc.stderr[-3000:]
     big = torch.cuda.get_device_properties(0).multi_processor_count >= 128
     warps = ["8,4096:[16]", "1,6144:[8]"] if big else ["8,4096:small-gpu", "1,6144:small-gpu"]
-    assert proc.stdout.split() == ["64,2048:[4]", "40,1536:[2]", "64,1024:[2]", "65,2048:[3]", "65,1024:[3]",
+    # past TERNARY_TILED_MAX_M the tiled kernel only where its 64 x 64 tiles fit one wave (one CTA an SM)
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    wave = ["65,2048:" + ("[4]" if sms >= 64 else "[3]"), "65,1024:[3]",
+            "128,4096:" + ("[4]" if sms >= 128 else "[]" if HOPPER else "[3]")]
+    assert proc.stdout.split() == ["64,2048:[4]", "40,1536:[2]", "64,1024:[2]", *wave,
                                    "12,1024:[64]", "16,2048:[128]", "8,1024:[64]", *warps,
                                    "4096,1024:" + ("wgmma" if HOPPER else "dequant"), "2048,1536:dequant",
                                    "300,6144:" + ("wgmma" if HOPPER else "dequant"),
-                                   "65,4096:" + ("wgmma" if HOPPER else "dequant"), "1024,6144:dequant",
+                                   "65,6144:" + ("wgmma" if HOPPER else "dequant"), "1024,6144:dequant",
                                    "300,1536:dequant"], proc.stdout
 
 
