@@ -520,6 +520,24 @@ cudaError_t prepare_kernel() {
   return opt_in_shared_memory(ternary_wgmma_kernel<T, STAGES, BM, SPLIT>, WgShape<STAGES, BM>::kSmemBytes, smem_set);
 }
 
+// A launch of `grid` CTAs of the BM-token kernel, in clusters of `splits` along x where splits > 1
+// (`attr` is the cluster attribute the configuration points to: the caller keeps it alive).
+template <int STAGES, int BM>
+cudaLaunchConfig_t launch_config(unsigned grid, int splits, cudaStream_t stream, cudaLaunchAttribute& attr) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(grid);
+  cfg.blockDim = dim3(kThreads);
+  cfg.dynamicSmemBytes = WgShape<STAGES, BM>::kSmemBytes;
+  cfg.stream = stream;
+  attr.id = cudaLaunchAttributeClusterDimension;
+  attr.val.clusterDim.x = splits;
+  attr.val.clusterDim.y = 1;
+  attr.val.clusterDim.z = 1;
+  cfg.attrs = &attr;
+  cfg.numAttrs = splits > 1 ? 1 : 0;
+  return cfg;
+}
+
 // CTAs of the BM-token kernel that run at once in clusters of `splits` (its wave; 1 CTA an SM,
 // fewer where the GPCs' SM counts are not multiples of the cluster), asked once per device; <= 0
 // where it cannot be asked.
@@ -529,17 +547,8 @@ int cluster_wave(int splits) {
   return per_device(cached[splits == 2 ? 0 : splits == 4 ? 1 : 2], [&](int) {
     auto kernel = ternary_wgmma_kernel<__nv_bfloat16, STAGES, BM, true>;  // fp16's has the same resources
     if (prepare_kernel<__nv_bfloat16, STAGES, BM, true>() != cudaSuccess) return -1;
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3(splits * 64);
-    cfg.blockDim = dim3(kThreads);
-    cfg.dynamicSmemBytes = WgShape<STAGES, BM>::kSmemBytes;
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeClusterDimension;
-    attr[0].val.clusterDim.x = splits;
-    attr[0].val.clusterDim.y = 1;
-    attr[0].val.clusterDim.z = 1;
-    cfg.attrs = attr;
-    cfg.numAttrs = 1;
+    cudaLaunchAttribute attr;
+    const cudaLaunchConfig_t cfg = launch_config<STAGES, BM>(splits * 64, splits, nullptr, attr);
     int clusters = 0;
     return cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg) == cudaSuccess && clusters > 0 ? clusters * splits
                                                                                                    : -1;
@@ -550,7 +559,6 @@ template <typename T, int STAGES, int BM>
 cudaError_t launch_wgmma_t(const void* x, const uint8_t* packed, const __half* scale, const void* bias, void* y,
                            int M, int N, int K, int ldp, int lds, int block_size, int k_offset, int splits,
                            cudaStream_t stream) {
-  using S = WgShape<STAGES, BM>;
   auto kernel = splits > 1 ? ternary_wgmma_kernel<T, STAGES, BM, true> : ternary_wgmma_kernel<T, STAGES, BM, false>;
   if (const cudaError_t err = splits > 1 ? prepare_kernel<T, STAGES, BM, true>() : prepare_kernel<T, STAGES, BM, false>();
       err != cudaSuccess)
@@ -574,19 +582,10 @@ cudaError_t launch_wgmma_t(const void* x, const uint8_t* packed, const __half* s
              CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS)
     return cudaErrorInvalidValue;
   // persistent (one CTA an SM), or with splits > 1 one CTA per tile and share of K, a cluster a tile
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(splits > 1 ? (unsigned)(tile_count(M, N, BM) * splits)
-                                : (unsigned)std::min<long>(tile_count(M, N, BM), std::max(sm_count(), 1)));
-  cfg.blockDim = dim3(kThreads);
-  cfg.dynamicSmemBytes = S::kSmemBytes;
-  cfg.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = splits;
-  attr[0].val.clusterDim.y = 1;
-  attr[0].val.clusterDim.z = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = splits > 1 ? 1 : 0;
+  const unsigned grid = splits > 1 ? (unsigned)(tile_count(M, N, BM) * splits)
+                                   : (unsigned)std::min<long>(tile_count(M, N, BM), std::max(sm_count(), 1));
+  cudaLaunchAttribute attr;
+  const cudaLaunchConfig_t cfg = launch_config<STAGES, BM>(grid, splits, stream, attr);
   return cudaLaunchKernelEx(&cfg, kernel, x_map, code_map, scale, static_cast<const T*>(bias), static_cast<T*>(y), M,
                             N, K, lds, block_size, k_offset, splits);
 }
