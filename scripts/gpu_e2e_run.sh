@@ -45,12 +45,12 @@
 # run_probes.sh alone (24-76 s of wall time; ~50-110 s of device time each), four of `setup
 # kernel` (+ probes or pdl_pairs.py; 160-203 s of wall time, ~190-230 s each), and five for
 # pdl_pairs.py and the graph dumps (`setup` + script, 5-98 s of wall time; two on a warm machine).
-# Eleventh session (nvidia-h200, 9 calls, lease given back after each; ~1480 of 1800 s): three of
+# Eleventh session (nvidia-h200, 10 calls, lease given back after each; ~1600 of 1800 s): three of
 # run_probes.sh (the wgmma split sweep; 15-161 s of wall time, ~45-200 s of device time each),
 # two of `setup kernel` + a mid-M bench (`--ms 128 512 2048 --name kernel-h200-midm`; 196-202 s
 # of wall time, ~230 s each), one of `setup` + the GPU tests + that bench (158 s), p1 + p2 with
 # `setup prepare offline` (326 s of wall time, ~330 s) and one of `setup` + a GPU-test subset +
-# memcheck (98 s of wall time, ~130 s).
+# memcheck (98 s of wall time, ~130 s), and a last `setup` + the mid-M bench at 5 Ms (94 s, ~120 s).
 #
 # Everything a stage measures lands in $OUT (at most 8 files come back: JSON results, a log
 # tarball); scripts/bench_e2e.py report merges them here afterwards. The parts of earlier GPU
