@@ -60,8 +60,9 @@ namespace {
 //     leave SMs idle) beat dequantize + cuBLAS there in the eleventh session's run
 //     (kernel-h200.md, kernel-h200-midm.md): M 128 qkv 9.38 vs 10.40 us, gate_up 9.51 vs 12.17;
 //     M 256 9.53 vs 11.20, 11.71 vs 14.38; M 512 11.95 vs 13.86, 16.13 vs 18.42 (M 65-127 run
-//     M 128's tiles); they lost on every layer with N <= 1536 from M 256 (o 10.18 vs 9.66,
-//     gate_up/tp4 8.82 vs 7.96) and on gate_up at M 1024 (30.0 vs 27.0: 1.45 waves);
+//     M 128's tiles; qkv there takes the tiled kernel, above); they lost on every layer with N <=
+//     1536 from M 256 (o 10.18 vs 9.66, gate_up/tp4 8.82 vs 7.96) and on gate_up at M 1024 (30.0
+//     vs 27.0: 1.45 waves);
 //   else M <= TERNARY_GEMV_MAX_M (default 1): the warp-per-row kernel (any k_offset);
 //   else: dequantize + cuBLAS.
 // pdl: the tensor-core kernel is launched with programmatic dependent launch on sm_90
@@ -166,10 +167,10 @@ torch::Tensor gemm_path(const torch::Tensor& x,       // [M, K] bf16/fp16
               "the wgmma kernel's tile (tokens_per_cta x rows_per_cta) is 128 or 256 x 128 (or 0 = auto), got ",
               tokens_per_cta, " x ", rows_per_cta);
     CHECK_ARG(k_unit == 0, "the wgmma kernel takes no k_unit, got ", k_unit);
-    CHECK_ARG((k_split == 0 || k_split == 1 || k_split == 2 || k_split == 4 || k_split == 8) &&
-                  k_split <= (K + 63) / 64,
+    const int64_t steps = (K + ternary::kWgmmaStepK - 1) / ternary::kWgmmaStepK;
+    CHECK_ARG((k_split == 0 || k_split == 1 || k_split == 2 || k_split == 4 || k_split == 8) && k_split <= steps,
               "k_split of the wgmma kernel must be 0 (auto), 1, 2, 4 or 8 CTAs a tile along K and at most its ",
-              (K + 63) / 64, " k-steps of 64 weights (K=", K, "), got ", k_split);
+              steps, " k-steps of ", ternary::kWgmmaStepK, " weights (K=", K, "), got ", k_split);
   } else if (path == kTiled) {
     CHECK_ARG(rows_per_cta == 0 || rows_per_cta == 64 || rows_per_cta == 128,
               "rows_per_cta of the tiled kernel must be 0 (auto), 64 or 128, got ", rows_per_cta);
@@ -322,8 +323,8 @@ TORCH_LIBRARY(ternary_serve, m) {
   // 5 wgmma; rows_per_cta, k_split, k_unit and warps, the tensor-core kernel's W rows per CTA,
   // CTAs per tile along K, weights of K per unit of work and warps a CTA (launch_mma), the tiled
   // kernel's W rows (and tokens) per CTA, the wgmma kernel's W rows per CTA with tokens_per_cta
-  // and its CTAs a tile along K (k_split, a cluster), 0 = auto): for tests and benchmarks; gemm is path 0, chosen by M, with every tile choice
-  // automatic.
+  // and its CTAs a tile along K (k_split, a cluster), 0 = auto): for tests and benchmarks; gemm
+  // is path 0, chosen by M, with every tile choice automatic.
   m.def("gemm_path(Tensor x, Tensor packed, Tensor scale, Tensor? bias, int block_size, int k_offset, int path, "
         "int rows_per_cta, int k_split=0, int k_unit=0, int tokens_per_cta=0, int warps=0, bool pdl=False) -> Tensor");
   m.def("dequantize(Tensor packed, Tensor scale, int K, int block_size, int k_offset, ScalarType dtype) -> Tensor");

@@ -77,9 +77,16 @@ constexpr int kThreads = kMmaThreads + 128;         // + the producer warpgroup 
 // warpgroups (128 x 40 + 256 x 232 <= 64 K), whose 128 accumulators, two A fragment sets and
 // decode need ~200 at 256 tokens (168, the even share of 384 threads, spilled and serialized the wgmma).
 [[maybe_unused]] constexpr int kProducerRegs = 40, kMmaRegs = 232;  // used by the sm_90a code only
-constexpr int kBK = 64;                              // weights of K a k-step: one 128-byte swizzle row of bf16
+constexpr int kBK = kWgmmaStepK;                     // weights of K a k-step: one 128-byte swizzle row of bf16
 constexpr int kRow = kBK * 2;                        // bytes of a tile row
 constexpr int kBN = 128;                             // W rows a CTA (tokens: BM, 128 or 256)
+
+// Pipeline stages at each tile width: 4 of 34 KB at 256 tokens, 6 of 18 KB at 128.
+template <int BM>
+constexpr int kStagesOf = BM == 256 ? 4 : 6;
+
+// Index of a split (CTAs a tile along K: 2, 4, 8) in the per-split tables below.
+constexpr int split_slot(int splits) { return splits == 2 ? 0 : splits == 4 ? 1 : 2; }
 
 template <int STAGES, int kBM>
 struct WgShape {
@@ -541,10 +548,11 @@ cudaLaunchConfig_t launch_config(unsigned grid, int splits, cudaStream_t stream,
 // CTAs of the BM-token kernel that run at once in clusters of `splits` (its wave; 1 CTA an SM,
 // fewer where the GPCs' SM counts are not multiples of the cluster), asked once per device; <= 0
 // where it cannot be asked.
-template <int STAGES, int BM>
+template <int BM>
 int cluster_wave(int splits) {
-  static int cached[3][kMaxDevices] = {};  // splits 2, 4, 8
-  return per_device(cached[splits == 2 ? 0 : splits == 4 ? 1 : 2], [&](int) {
+  constexpr int STAGES = kStagesOf<BM>;
+  static int cached[3][kMaxDevices] = {};  // by split_slot
+  return per_device(cached[split_slot(splits)], [&](int) {
     auto kernel = ternary_wgmma_kernel<__nv_bfloat16, STAGES, BM, true>;  // fp16's has the same resources
     if (prepare_kernel<__nv_bfloat16, STAGES, BM, true>() != cudaSuccess) return -1;
     cudaLaunchAttribute attr;
@@ -627,7 +635,7 @@ bool wgmma_fills_gpu(int M, int N) {
 // fit in one wave: a second wave of split CTAs paid the whole CTA again (qkv M 1024, 256 tokens:
 // 16.1 us unsplit, 24.3 at 2 CTAs = 2 waves, 55.6 at 4).
 constexpr double kStepUs256 = 0.78, kStepUs128 = 0.55;
-constexpr double kSplitUs[2][3] = {{1.84, 3.08, 3.87}, {3.15, 5.52, 7.85}};  // [256 tokens][splits 2, 4, 8]
+constexpr double kSplitUs[2][3] = {{1.84, 3.08, 3.87}, {3.15, 5.52, 7.85}};  // [256 tokens][split_slot]
 
 WgmmaTiling choose_wgmma_tiling(int M, int N, int K, int tokens_per_cta, int k_split) {
   const int steps = (K + kBK - 1) / kBK;
@@ -645,9 +653,9 @@ WgmmaTiling choose_wgmma_tiling(int M, int N, int K, int tokens_per_cta, int k_s
       if (s == 1) {
         us = (double)steps * ((tiles + sms - 1) / sms) * step_us;  // persistent: a CTA's tiles in series
       } else {
-        const long wave = bm == 256 ? cluster_wave<4, 256>(s) : cluster_wave<6, 128>(s);
+        const long wave = bm == 256 ? cluster_wave<256>(s) : cluster_wave<128>(s);
         if (k_split == 0 && (wave <= 0 || tiles * s > wave)) continue;
-        us = (double)((steps + s - 1) / s) * step_us + kSplitUs[bm == 256][s == 2 ? 0 : s == 4 ? 1 : 2];
+        us = (double)((steps + s - 1) / s) * step_us + kSplitUs[bm == 256][split_slot(s)];
       }
       if (best.tokens == 0 || us < best_us) best = {bm, s}, best_us = us;
     }
@@ -667,10 +675,11 @@ cudaError_t launch_wgmma(bool bf16, const void* x, const uint8_t* packed, const 
   if (tiling.tokens == 0) return cudaErrorInvalidValue;
   tokens_per_cta = tiling.tokens;
   const int splits = tiling.splits;
-#define TERNARY_LAUNCH(T, STAGES, BM) \
-  launch_wgmma_t<T, STAGES, BM>(x, packed, scale, bias, y, M, N, K, ldp, lds, block_size, k_offset, splits, stream)
-  if (tokens_per_cta == 256) return bf16 ? TERNARY_LAUNCH(__nv_bfloat16, 4, 256) : TERNARY_LAUNCH(__half, 4, 256);
-  if (tokens_per_cta == 128) return bf16 ? TERNARY_LAUNCH(__nv_bfloat16, 6, 128) : TERNARY_LAUNCH(__half, 6, 128);
+#define TERNARY_LAUNCH(T, BM)                                                                                  \
+  launch_wgmma_t<T, kStagesOf<BM>, BM>(x, packed, scale, bias, y, M, N, K, ldp, lds, block_size, k_offset, splits, \
+                                       stream)
+  if (tokens_per_cta == 256) return bf16 ? TERNARY_LAUNCH(__nv_bfloat16, 256) : TERNARY_LAUNCH(__half, 256);
+  if (tokens_per_cta == 128) return bf16 ? TERNARY_LAUNCH(__nv_bfloat16, 128) : TERNARY_LAUNCH(__half, 128);
 #undef TERNARY_LAUNCH
   return cudaErrorInvalidValue;
 }

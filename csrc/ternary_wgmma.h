@@ -10,6 +10,8 @@ namespace ternary {
 
 // Scale blocks of a row the kernel holds in shared memory (K <= 8192 at 128-weight blocks).
 constexpr int kWgmmaMaxScaleCols = 64;
+// Weights of K a k-step (one 128-byte swizzle row of bf16); a split gives each CTA whole k-steps.
+constexpr int kWgmmaStepK = 64;
 
 // Whether the current device runs the kernel's sm_90a code (compute capability 9.0 exactly).
 bool wgmma_supported();

@@ -275,18 +275,20 @@ def _pdl_lines(rows: list) -> list:
              ("| shape | M | op us | op+PDL back to back | cuBLAS us | speed-up plain / PDL | kernel alone | "
               "kernel,cuBLAS | kernel,op | kernel,op+PDL | adds: cuBLAS / op / op+PDL | speed-up of adds, op / op+PDL |"),
              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+
+    def adds(r, key):
+        return r["pdl"][key] - r["pdl"]["norm_us"]
+
     for r in rows:
         p = r["pdl"]
-        add_c, add_o, add_p = (p["norm_then_cublas_us"] - p["norm_us"], p["norm_then_op_us"] - p["norm_us"],
-                               p["norm_then_op_pdl_us"] - p["norm_us"])
+        add_c, add_o, add_p = (adds(r, "norm_then_cublas_us"), adds(r, "norm_then_op_us"),
+                               adds(r, "norm_then_op_pdl_us"))
         lines.append(f"| {r['shape']} | {r['M']} | {r['ternary_us']} | {p['back_to_back_us']} | {r['cublas_bf16_us']} | "
                      f"{r['speedup_vs_cublas']}x / {r['cublas_bf16_us'] / p['back_to_back_us']:.3f}x | {p['norm_us']} | "
                      f"{p['norm_then_cublas_us']} | {p['norm_then_op_us']} | {p['norm_then_op_pdl_us']} | "
                      f"{add_c:.3f} / {add_o:.3f} / {add_p:.3f} | {add_c / add_o:.3f}x / {add_c / add_p:.3f}x |")
     full = [r for r in rows if "/" not in r["shape"]]
     if full:
-        def adds(r, key):
-            return r["pdl"][key] - r["pdl"]["norm_us"]
         lines += ["", (f"Geometric means over the four full shapes at M <= 16: back to back, plain "
                        f"{_geomean(r['speedup_vs_cublas'] for r in full):.2f}x, PDL "
                        f"{_geomean(r['cublas_bf16_us'] / r['pdl']['back_to_back_us'] for r in full):.2f}x; after a "
