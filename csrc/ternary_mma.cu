@@ -377,14 +377,14 @@ cudaError_t launch_mma_r(const MmaCall<T>& c) {
   return launch_mma_nt<T, R, kMaxNT, U, W>(c);
 }
 
-// Whether `tiles` CTAs of the 16-warp kernel (16 W rows, NT token tiles, U-weight units) run in
-// one wave on this device: its occupancy, asked once per device.
-template <typename T, int NT, int U>
-bool one_wave_of_16_warps(int tiles) {
+// Whether `tiles` CTAs of the W-warp kernel (16 W rows, NT token tiles, U-weight units, no
+// split) run in one wave on this device: its occupancy, asked once per device.
+template <typename T, int NT, int U, int W>
+bool one_wave(int tiles) {
   static int cached[kMaxDevices] = {};
   const int per_sm = per_device(cached, [](int) {
     int n = 0;
-    return cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, ternary_mma_kernel<T, 1, NT, false, U, 16>, 16 * 32,
+    return cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, ternary_mma_kernel<T, 1, NT, false, U, W>, W * 32,
                                                          0) == cudaSuccess ? n : 0;
   });
   return per_sm > 0 && tiles <= per_sm * sm_count();
@@ -395,10 +395,8 @@ cudaError_t launch_mma_t(const MmaCall<T>& c, int rows_per_cta, int k_unit, int 
   if (warps == 0) {  // auto (see launch_mma)
     const bool may = c.M <= 16 && rows_per_cta == 16 && c.k_split <= 1 && (c.K + unit16 - 1) / unit16 <= 32;
     const int tiles = (c.N + 15) / 16;
-    const bool fits = may && (c.M <= 8 ? (unit16 == 64 ? one_wave_of_16_warps<T, 1, 64>(tiles)
-                                                       : one_wave_of_16_warps<T, 1, 128>(tiles))
-                                       : (unit16 == 64 ? one_wave_of_16_warps<T, 2, 64>(tiles)
-                                                       : one_wave_of_16_warps<T, 2, 128>(tiles)));
+    const bool fits = may && (c.M <= 8 ? (unit16 == 64 ? one_wave<T, 1, 64, 16>(tiles) : one_wave<T, 1, 128, 16>(tiles))
+                                       : (unit16 == 64 ? one_wave<T, 2, 64, 16>(tiles) : one_wave<T, 2, 128, 16>(tiles)));
     warps = fits ? 16 : 8;
     if (fits) k_unit = unit16;
   }
@@ -415,7 +413,22 @@ cudaError_t launch_mma_t(const MmaCall<T>& c, int rows_per_cta, int k_unit, int 
   }
 }
 
+template <typename T>
+bool fits_one_wave_t(int M, int N) {
+  const int tiles = (N + 15) / 16;  // W tiles; token tiles of 8 * NT (launch_mma_r, 16 rows a CTA)
+  if (M <= 8) return one_wave<T, 1, 128, 8>(tiles);
+  if (M <= 16) return one_wave<T, 2, 128, 8>(tiles * 2);
+  return one_wave<T, 4, 128, 8>(tiles * ((M + 31) / 32));
+}
+
 }  // namespace
+
+// Whether the 8-warp tiles the op's dispatch gives this M (16 W rows, 128-weight units, no split
+// along K) run in one wave: the op's rule for the narrow layers past TERNARY_MMA_MAX_M (see
+// ternary_ops.cpp). On the H200 the kernel takes 119 registers a thread, so 2 CTAs an SM: 264.
+bool mma_fits_one_wave(bool bf16, int M, int N) {
+  return bf16 ? fits_one_wave_t<__nv_bfloat16>(M, N) : fits_one_wave_t<__half>(M, N);
+}
 
 // rows_per_cta: 16, 32 or 64; 0 (auto) = 16. Measured on the H200 (kernel-h200.md, "by W rows per
 // CTA", v4): 16 rows was fastest or within 1 % in 22 of the 24 (shape, M <= 16) cases, and the

@@ -22,31 +22,40 @@ cudaError_t launch_tiled(bool bf16, const void* x, const uint8_t* packed, const 
                          void* y, int M, int N, int K, int ldp, int lds, int block_size, int k_offset, int tile,
                          cudaStream_t stream);
 bool tiled_fits_one_wave(int M, int N);
+bool mma_fits_one_wave(bool bf16, int M, int N);
 }  // namespace ternary
 
 namespace {
 
 // Dispatch by M (measured on the H200, benchmarks/results/kernel-h200.md):
-//   M <= TERNARY_MMA_MAX_M (default 32), or M <= TERNARY_MMA_NARROW_MAX_M (default 64) where N <=
-//     TERNARY_MMA_NARROW_MAX_N (default 1536), and the layer's blocks start on unit boundaries: the
-//     tensor-core kernel (csrc/ternary_mma.cu; 16 warps a CTA where M <= 16 and its tiles fit
-//     in one wave, with units of 64 weights where K <= TERNARY_MMA64_MAX_K, default 1024;
-//     else 8 warps, units of 64 weights at M 9-16 where K <= that, else 128: launch_mma). At M =
-//     64 on the narrow layers (N 1024-1536: 64-96 CTAs a token tile) it beat the op's choice then
-//     (dequantize + cuBLAS, or tiled at N 1536) on all six: o 6.65 vs 8.99 us, down 9.37 vs 12.05,
-//     qkv/tp4 4.05 vs 6.12, o/tp4 3.27 vs 4.90, gate_up/tp4 5.79 vs 7.04, down/tp4 3.61 vs 5.58
-//     (kernel-h200.md of abe05a0); at N >= 4096 the tiled kernel wins, and at M = 256 both others;
+//   M <= TERNARY_MMA_MAX_M (default 32), or M <= TERNARY_MMA_NARROW_MAX_M (default 128) where N <=
+//     TERNARY_MMA_NARROW_MAX_N (default 1536) and its tiles (16 W rows x 32 tokens, 8 warps) fit
+//     in one wave (ternary::mma_fits_one_wave: 2 CTAs an SM on the H200, 264), and the layer's
+//     blocks start on unit boundaries: the tensor-core kernel (csrc/ternary_mma.cu; 16 warps a
+//     CTA where M <= 16 and its tiles fit in one wave, with units of 64 weights where K <=
+//     TERNARY_MMA64_MAX_K, default 1024; else 8 warps, units of 64 weights at M 9-16 where K <=
+//     that, else 128: launch_mma). At M = 64 on the narrow layers (N 1024-1536: 64-96 CTAs a
+//     token tile) it beat the op's choice then (dequantize + cuBLAS, or tiled at N 1536) on all
+//     six: o 6.65 vs 8.99 us, down 9.37 vs 12.05, qkv/tp4 4.05 vs 6.12, o/tp4 3.27 vs 4.90,
+//     gate_up/tp4 5.79 vs 7.04, down/tp4 3.61 vs 5.58 (kernel-h200.md of abe05a0); at M 96 and
+//     128 on N = 1024 (192 and 256 CTAs) it beat dequantize + cuBLAS on all five such layers
+//     (kernel-h200-midm.md of 8a1431f: o 8.42 / 8.73 vs 9.20 / 9.28 us, down 10.97 / 11.28 vs
+//     12.27 / 12.27, qkv/tp4 5.57 / 5.87 vs 6.27 / 6.90, o/tp4 4.05 / 4.22 vs 4.95 / 4.94,
+//     down/tp4 5.12 / 5.13 vs 5.65 / 5.68), and lost past one wave (gate_up/tp4 M 96, 288 CTAs:
+//     7.96 vs the tiled kernel's 7.35; N = 1024 at M 192, 384 CTAs: o 12.44 vs 9.53); at N >=
+//     4096 the tiled kernel wins, and at M = 256 both others;
 //   else M <= TERNARY_TILED_MAX_M (default 64), N >= TERNARY_TILED_MIN_N (default 1536) and the
 //     tiled kernel's conditions hold (blocks on 128-weight boundaries, K % 8 == 0, x 16-byte
 //     aligned): the tiled tensor-core kernel (csrc/ternary_tiled.cu). At M = 64 it beat
 //     dequantize + cuBLAS on every measured shape with N >= 1536 (gate_up/tp4 1.06x, qkv
 //     1.46x, gate_up 1.78x) and lost on the N = 1024 ones (its 16 CTAs leave most SMs idle);
 //     from M = 256 up it wins only on the tp 4 shards at M = 256, by 2-10 % (kernel-h200.md,
-//     "Tiled tensor-core kernel"); and up to TERNARY_TILED_WAVE_MAX_M (default 128) where its
+//     "Tiled tensor-core kernel"); and up to TERNARY_TILED_WAVE_MAX_M (default 256) where its
 //     auto tiles fit in one wave (ternary::tiled_fits_one_wave): at M 128 (kernel-h200-midm.md of
 //     7f95483) qkv 7.62 us against the wgmma kernel's 9.40 (dequantize + cuBLAS 10.44),
-//     gate_up/tp4 7.47 vs 7.75; where they did not fit it lost (gate_up, 192 CTAs: 13.6 vs 9.5),
-//     as on N = 1024 (the rule's TILED_MIN_N);
+//     gate_up/tp4 7.47 vs 7.75; at M 192 and 256 (8a1431f) gate_up/tp4 7.38 / 7.47 vs 7.93 /
+//     8.05; where they did not fit it lost (gate_up, 192 CTAs: 13.6 vs 9.5; qkv M 192: 13.5 vs
+//     the wgmma kernel's 9.5), as on N = 1024 (the rule's TILED_MIN_N);
 //   else TERNARY_WGMMA_MIN_M (default 1024; 0 = off) <= M <= TERNARY_WGMMA_MAX_M (default
 //     8192), an sm_90 device, the wgmma kernel's conditions (wgmma_ok below) and enough CTAs to
 //     fill the GPU (ternary::wgmma_fills_gpu): the wgmma kernel (csrc/ternary_wgmma.cu; no bf16
@@ -83,9 +92,9 @@ struct Limits {
 };
 const Limits& limits() {
   static const Limits v{env_int("TERNARY_GEMV_MAX_M", 1),    env_int("TERNARY_MMA_MAX_M", 32),
-                        env_int("TERNARY_MMA_NARROW_MAX_M", 64), env_int("TERNARY_MMA_NARROW_MAX_N", 1536),
+                        env_int("TERNARY_MMA_NARROW_MAX_M", 128), env_int("TERNARY_MMA_NARROW_MAX_N", 1536),
                         env_int("TERNARY_MMA64_MAX_K", 1024), env_int("TERNARY_TILED_MAX_M", 64),
-                        env_int("TERNARY_TILED_MIN_N", 1536), env_int("TERNARY_TILED_WAVE_MAX_M", 128),
+                        env_int("TERNARY_TILED_MIN_N", 1536), env_int("TERNARY_TILED_WAVE_MAX_M", 256),
                         env_int("TERNARY_WGMMA_MIN_M", 1024),
                         env_int("TERNARY_WGMMA_MAX_M", 8192), env_int("TERNARY_WGMMA_WIDE_MIN_M", 65),
                         env_int("TERNARY_WGMMA_WIDE_MAX_M", 1023), env_int("TERNARY_WGMMA_WIDE_MIN_N", 4096)};
@@ -210,9 +219,11 @@ torch::Tensor gemm_path(const torch::Tensor& x,       // [M, K] bf16/fp16
   const bool wgmma_ok = ldp % 16 == 0 && reinterpret_cast<uintptr_t>(packed.data_ptr()) % 16 == 0 &&
                         block_size % 64 == 0 && k_offset % 64 == 0 && x_rows_16b &&
                         (k_offset + K - 1) / block_size - k_offset / block_size + 1 <= ternary::kWgmmaMaxScaleCols;
+  const bool bf16 = x.scalar_type() == at::kBFloat16;
   if (path == kAuto) {
     const Limits& l = limits();
-    const bool mma_m = M <= l.mma_max_m || (M <= l.mma_narrow_max_m && N <= l.mma_narrow_max_n);
+    const bool mma_m = M <= l.mma_max_m || (M <= l.mma_narrow_max_m && N <= l.mma_narrow_max_n &&
+                                            ternary::mma_fits_one_wave(bf16, M, N));
     const bool wgmma_m = M <= l.wgmma_max_m &&
                          ((l.wgmma_min_m > 0 && M >= l.wgmma_min_m && ternary::wgmma_fills_gpu(M, N)) ||
                           (l.wgmma_wide_min_m > 0 && M >= l.wgmma_wide_min_m && M <= l.wgmma_wide_max_m &&
@@ -239,7 +250,6 @@ torch::Tensor gemm_path(const torch::Tensor& x,       // [M, K] bf16/fp16
   const at::cuda::OptionalCUDAGuard guard(x.device());
   auto y = torch::empty({M, N}, x.options());
   if (M == 0 || N == 0) return y;
-  const bool bf16 = x.scalar_type() == at::kBFloat16;
   cudaStream_t stream = at::cuda::getCurrentCUDAStream();
   const torch::Tensor b = bias ? bias->contiguous() : torch::Tensor();
   const void* bias_ptr = bias ? b.data_ptr() : nullptr;

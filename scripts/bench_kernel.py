@@ -333,7 +333,8 @@ def markdown(result: dict) -> str:
                        "tile along K; compare with the tensor-core us column):")
     lines += _kernel_table(result["rows"], "tiled", ("64", "128"), ("64-row tile", "128-row tile"),
                            "Tiled tensor-core kernel, M >= 64 (us; auto = its tile rule; the op dispatches it at "
-                           "M <= 64 where N >= 1536; `ternary us` above is the op as dispatched):", "Tiled kernel")
+                           "M <= 64 where N >= 1536, and up to M 256 where its tiles fit one wave; `ternary us` "
+                           "above is the op as dispatched):", "Tiled kernel")
     lines += _kernel_table(result["rows"], "wgmma", tuple(WGMMA_TILINGS),
                            tuple(f"{t} tok" + (f" x {s} CTAs" if s > 1 else "") for t, s in WGMMA_TILINGS.values()),
                            "wgmma kernel (sm_90a; 128 W rows x 128 or 256 tokens per CTA, persistent or split along K "

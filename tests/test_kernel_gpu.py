@@ -293,8 +293,11 @@ def test_wgmma_kernel_is_deterministic_and_refuses_what_it_cannot_read():
 def test_default_dispatch_takes_each_kernel_only_where_it_was_measured_faster():
     """Without the overrides the kernel stage sets: M <= 64 and N <= 1536 -> the tensor-core
     kernel, M <= 64 and N > 1536 -> the tiled kernel (each bit-identical to it forced); M 65-128
-    and N >= 1536 -> the tiled kernel where its 64 x 64 tiles fit one wave (N 2048 at M 65, N 4096
-    at M 128), N = 1024 -> dequantize + cuBLAS. M 4096 x N 1024 (128 CTAs of 256 tokens) -> the
+    and N <= 1536 -> the tensor-core kernel where its 8-warp tiles (16 rows x 32 tokens) fit one
+    wave (2 CTAs an SM on the H200: N 1024 at M 65 and 128, 192 and 256 CTAs), not past it (N 1536
+    at M 96, 288 CTAs; N 1024 at M 160, 320); M 65-256 and N >= 1536 -> the tiled kernel where its
+    64 x 64 tiles fit one wave (N 2048 at M 65, N 4096 at M 128, N 1536 at M 96 and 256), M 257
+    past the rule's M and N 1024 at M 160 -> dequantize + cuBLAS. M 4096 x N 1024 (128 CTAs of 256 tokens) -> the
     wgmma kernel on Hopper, bit-identical to it forced and without a bf16 copy of W, and so do M
     300 x N 6144 and M 65 x N 6144 (wide layers, TERNARY_WGMMA_WIDE_*; the tiled kernel's 192 CTAs
     are past a wave); M 2048 x N 1536 (96 CTAs: under a wave), M 1024 x N 6144 (past the wide
@@ -310,7 +313,8 @@ def test_default_dispatch_takes_each_kernel_only_where_it_was_measured_faster():
         "import torch\n"
         "from tests.test_kernel_gpu import _case\n"
         "out = []\n"
-        "for m, n in ((64, 2048), (40, 1536), (64, 1024), (65, 2048), (65, 1024), (128, 4096)):\n"
+        "for m, n in ((64, 2048), (40, 1536), (64, 1024), (65, 2048), (65, 1024), (128, 4096), (128, 1024),"
+        " (160, 1024), (96, 1536), (256, 1536), (257, 1536)):\n"
         "    x, packed, scale, bias, _, _ = _case(m, n, 1024, 0, 128, torch.bfloat16, seed=m + n)\n"
         "    y = torch.ops.ternary_serve.gemm(x, packed, scale, bias, 128, 0)\n"
         "    same = [p for p in (2, 3, 4) if torch.equal(y, torch.ops.ternary_serve.gemm_path(x, packed, scale, bias,"
@@ -348,10 +352,17 @@ def test_default_dispatch_takes_each_kernel_only_where_it_was_measured_faster():
     assert proc.returncode == 0, proc.stderr[-3000:]
     big = torch.cuda.get_device_properties(0).multi_processor_count >= 128
     warps = ["8,4096:[16]", "1,6144:[8]"] if big else ["8,4096:small-gpu", "1,6144:small-gpu"]
-    # past TERNARY_TILED_MAX_M the tiled kernel only where its 64 x 64 tiles fit one wave (one CTA an SM)
+    # past TERNARY_MMA_MAX_M the tensor-core kernel only where its 8-warp tiles fit one wave (2 CTAs
+    # an SM on the H200: 119 registers a thread); past TERNARY_TILED_MAX_M the tiled kernel only where
+    # its 64 x 64 tiles fit one wave (one CTA an SM)
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    wave = ["65,2048:" + ("[4]" if sms >= 64 else "[3]"), "65,1024:[3]",
-            "128,4096:" + ("[4]" if sms >= 128 else "[]" if HOPPER else "[3]")]
+    mma_wave = sms >= 128 and HOPPER  # the H200's occupancy; other GPUs' register files differ
+    wave = ["65,2048:" + ("[4]" if sms >= 64 else "[3]"),
+            "65,1024:" + ("[2]" if mma_wave else "[3]"),
+            "128,4096:" + ("[4]" if sms >= 128 else "[]" if HOPPER else "[3]"),
+            "128,1024:" + ("[2]" if mma_wave else "[3]"),
+            "160,1024:" + ("[3]" if sms < 160 else "[2]"),
+            "96,1536:[4]", "256,1536:" + ("[4]" if sms >= 96 else "[3]"), "257,1536:[3]"]
     assert proc.stdout.split() == ["64,2048:[4]", "40,1536:[2]", "64,1024:[2]", *wave,
                                    "12,1024:[64]", "16,2048:[128]", "8,1024:[64]", *warps,
                                    "4096,1024:" + ("wgmma" if HOPPER else "dequant"), "2048,1536:dequant",
