@@ -366,15 +366,19 @@ cudaError_t launch_mma_nt(const MmaCall<T>& c) {
                             c.block_size, c.k_offset);
 }
 
+// NT, the 8-token tiles a CTA of 16 R W rows takes at this M: 1, 2, or 4 past M 16. R * NT <= 8
+// keeps the split-K exchange in 32 KB of static shared memory (34 KB at 16 warps); larger M loops
+// over token tiles in grid.y (re-reading the codes, from L2 at these sizes).
+constexpr int token_tiles(int M, int R) { return M <= 8 ? 1 : (M <= 16 || R >= 4) ? 2 : 4; }
+
 template <typename T, int R, int U, int W>
 cudaError_t launch_mma_r(const MmaCall<T>& c) {
-  // R * NT <= 8 keeps the split-K exchange in 32 KB of static shared memory (34 KB at 16
-  // warps); larger M loops over token tiles in grid.y (re-reading the codes, from L2 at these
-  // sizes).
-  constexpr int kMaxNT = R >= 4 ? 2 : 4;
-  if (c.M <= 8) return launch_mma_nt<T, R, 1, U, W>(c);
-  if (c.M <= 16 || kMaxNT == 2) return launch_mma_nt<T, R, 2, U, W>(c);
-  return launch_mma_nt<T, R, kMaxNT, U, W>(c);
+  const int nt = token_tiles(c.M, R);
+  if (nt == 1) return launch_mma_nt<T, R, 1, U, W>(c);
+  if constexpr (R < 4) {
+    if (nt == 4) return launch_mma_nt<T, R, 4, U, W>(c);
+  }
+  return launch_mma_nt<T, R, 2, U, W>(c);
 }
 
 // Whether `tiles` CTAs of the W-warp kernel (16 W rows, NT token tiles, U-weight units, no
@@ -390,13 +394,22 @@ bool one_wave(int tiles) {
   return per_sm > 0 && tiles <= per_sm * sm_count();
 }
 
+// The same at the token tiles launch_mma_r gives M (16 W rows a CTA).
+template <typename T, int U, int W>
+bool one_wave_at(int M, int tiles) {
+  switch (token_tiles(M, 1)) {
+    case 1: return one_wave<T, 1, U, W>(tiles);
+    case 2: return one_wave<T, 2, U, W>(tiles);
+    default: return one_wave<T, 4, U, W>(tiles);
+  }
+}
+
 template <typename T>
 cudaError_t launch_mma_t(const MmaCall<T>& c, int rows_per_cta, int k_unit, int unit16, int warps) {
   if (warps == 0) {  // auto (see launch_mma)
     const bool may = c.M <= 16 && rows_per_cta == 16 && c.k_split <= 1 && (c.K + unit16 - 1) / unit16 <= 32;
     const int tiles = (c.N + 15) / 16;
-    const bool fits = may && (c.M <= 8 ? (unit16 == 64 ? one_wave<T, 1, 64, 16>(tiles) : one_wave<T, 1, 128, 16>(tiles))
-                                       : (unit16 == 64 ? one_wave<T, 2, 64, 16>(tiles) : one_wave<T, 2, 128, 16>(tiles)));
+    const bool fits = may && (unit16 == 64 ? one_wave_at<T, 64, 16>(c.M, tiles) : one_wave_at<T, 128, 16>(c.M, tiles));
     warps = fits ? 16 : 8;
     if (fits) k_unit = unit16;
   }
@@ -413,21 +426,15 @@ cudaError_t launch_mma_t(const MmaCall<T>& c, int rows_per_cta, int k_unit, int 
   }
 }
 
-template <typename T>
-bool fits_one_wave_t(int M, int N) {
-  const int tiles = (N + 15) / 16;  // W tiles; token tiles of 8 * NT (launch_mma_r, 16 rows a CTA)
-  if (M <= 8) return one_wave<T, 1, 128, 8>(tiles);
-  if (M <= 16) return one_wave<T, 2, 128, 8>(tiles * 2);
-  return one_wave<T, 4, 128, 8>(tiles * ((M + 31) / 32));
-}
-
 }  // namespace
 
 // Whether the 8-warp tiles the op's dispatch gives this M (16 W rows, 128-weight units, no split
 // along K) run in one wave: the op's rule for the narrow layers past TERNARY_MMA_MAX_M (see
 // ternary_ops.cpp). On the H200 the kernel takes 119 registers a thread, so 2 CTAs an SM: 264.
 bool mma_fits_one_wave(bool bf16, int M, int N) {
-  return bf16 ? fits_one_wave_t<__nv_bfloat16>(M, N) : fits_one_wave_t<__half>(M, N);
+  const int nt = token_tiles(M, 1);
+  const int tiles = (N + 15) / 16 * ((M + 8 * nt - 1) / (8 * nt));
+  return bf16 ? one_wave_at<__nv_bfloat16, 128, 8>(M, tiles) : one_wave_at<__half, 128, 8>(M, tiles);
 }
 
 // rows_per_cta: 16, 32 or 64; 0 (auto) = 16. Measured on the H200 (kernel-h200.md, "by W rows per
