@@ -1,0 +1,1 @@
+"""The Serve configs, shipped in the wheel as ``deployments.configs`` (pyproject.toml)."""

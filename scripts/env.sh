@@ -1,11 +1,5 @@
-# Environment for running ternary-serve on this repo's CPU setup; source it (scripts do).
-# Every variable the project sets lives here, with the reason.
+# Environment for the shell entry points and the tests; source it (the scripts do). The variables,
+# with the reason for each, are defined once in ternary_plugin/envs.py; this exports its
+# "engine" and "shell" entries (needs .venv: scripts/setup.sh).
 REPO_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-export PYTHONPATH="$REPO_ROOT${PYTHONPATH:+:$PYTHONPATH}"
-export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1        # nothing is downloaded at run time
-export TOKENIZERS_PARALLELISM=false
-export VLLM_CPU_KVCACHE_SPACE=${VLLM_CPU_KVCACHE_SPACE:-1}   # GiB of KV cache per CPU worker
-export VLLM_CACHE_ROOT="$REPO_ROOT/.cache/vllm" TORCHINDUCTOR_CACHE_DIR="$REPO_ROOT/.cache/inductor"
-export VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1 RAY_USAGE_STATS_ENABLED=0
-# Ray on loopback only, and no token auth inherited from ~/.ray (see shared/ENVIRONMENT.md).
-export RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 RAY_AUTH_MODE=disabled
+eval "$("$REPO_ROOT/.venv/bin/python" -m ternary_plugin.envs "$REPO_ROOT")"

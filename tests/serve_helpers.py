@@ -1,14 +1,18 @@
-"""Helpers for tests that run `serve run CONFIG` on a private local Ray (127.0.0.1)."""
+"""Helpers for tests that run `ternary-serve serve CONFIG` (a private local Ray on 127.0.0.1 +
+`serve run`)."""
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
+import sys
 import time
 
 import httpx
+import yaml
 
 from tests.conftest import REPO, run_engine
 
@@ -31,13 +35,25 @@ def ensure_model():
     return dst
 
 
-def start_serve(config: str, log_path, env_extra=None, timeout_s: float = 420):
-    env = dict(os.environ, TERNARY_API_KEY=KEY, RAY_PORT="6391", RAY_TMP=RAY_TMP, DASHBOARD_PORT="8266",
-               METRICS_PORT=str(METRICS_PORT),
-               **(env_extra or {}))
+def derived_config(base: str, path, **args) -> str:
+    """A copy of the Serve config ``base`` (relative to the repository) with its application's
+    ``args`` updated, written to ``path``."""
+    cfg = yaml.safe_load((REPO / base).read_text())
+    cfg["applications"][0]["args"].update(args)
+    path.write_text(yaml.safe_dump(cfg))
+    return str(path)
+
+
+def start_serve(config: str, log_path, env_extra=None, timeout_s: float = 420, deploy: bool = False):
+    """The cluster's processes get the repository root on PYTHONPATH, so that replicas can import
+    tests/support (a test's config may name its classes); relative model paths are taken from the
+    repository root (the working directory)."""
+    env = dict(os.environ, TERNARY_API_KEY=KEY, PYTHONPATH=str(REPO), **(env_extra or {}))
+    cmd = [sys.executable, "-m", "ternary_plugin.cli", "serve", str(config), "--ray-port", "6391",
+           "--dashboard-port", "8266", "--metrics-port", str(METRICS_PORT), "--temp-dir", RAY_TMP,
+           *(["--deploy"] if deploy else [])]
     log = open(log_path, "w")
-    proc = subprocess.Popen(["bash", "scripts/serve_local.sh", str(config)], cwd=REPO, env=env, stdout=log,
-                            stderr=subprocess.STDOUT, start_new_session=True)
+    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     deadline = time.time() + timeout_s
     while time.time() < deadline:
         if proc.poll() is not None:
@@ -57,7 +73,7 @@ def health_status() -> int | None:
 
 
 def stop_serve(proc):
-    """SIGTERM the script's process group; its trap stops this cluster's Ray daemons."""
+    """SIGTERM the command's process group; it stops this cluster's Ray daemons before it exits."""
     try:
         os.killpg(proc.pid, signal.SIGTERM)
         proc.wait(timeout=60)
@@ -73,22 +89,18 @@ def post(payload, key=KEY, content=None, timeout=60):
                       headers={**headers, "Content-Type": "application/json"}, timeout=timeout)
 
 
-def offline_embeddings(model_dir, texts, tp=1):
-    """The same texts through offline vLLM (scripts/embed.py), float32."""
-    import json
-    import sys
-
-    env = dict(os.environ, PYTHONPATH=str(REPO), VLLM_CPU_OMP_THREADS_BIND="0|1" if tp > 1 else "0-1",
-               VLLM_CPU_KVCACHE_SPACE="1")
-    proc = run_engine([sys.executable, "scripts/embed.py", str(model_dir), "--tp", str(tp), "--dtype", "float32", *texts],
-                      env, cwd=REPO)
+def offline_embeddings(model_dir, texts, out_json, tp=1):
+    """The same texts through offline vLLM (`ternary-serve embed`), float32."""
+    env = dict(os.environ, VLLM_CPU_OMP_THREADS_BIND="0|1" if tp > 1 else "0-1", VLLM_CPU_KVCACHE_SPACE="1")
+    proc = run_engine([sys.executable, "-m", "ternary_plugin.cli", "embed", str(model_dir), "--tp", str(tp),
+                       "--dtype", "float32", "--json", str(out_json), *texts], env, cwd=REPO)
     assert proc.returncode == 0, f"rc {proc.returncode}\n{proc.stderr[-3000:]}"
-    return json.loads(next(x for x in proc.stdout.splitlines() if x.startswith("RESULT "))[7:])
+    return json.loads(out_json.read_text())
 
 
 @contextlib.contextmanager
 def serving(config: str, log_dir, env_extra=None):
-    """`serve run CONFIG` for the duration of a with-block; yields the model directory."""
+    """`ternary-serve serve CONFIG` for the duration of a with-block; yields the model directory."""
     model = ensure_model()
     proc = start_serve(config, log_dir / "serve.log", env_extra=env_extra)
     try:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from scripts.bench_e2e import collect, markdown
+from benchmarks.bench_e2e import collect, markdown
 
 
 def _serve(label: str, c1_ms: float, c64_per_s: float) -> dict:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from scripts.bench_kernel import markdown
+from benchmarks.bench_kernel import markdown
 
 
 def _row(shape, m, ternary, cublas, **extra):
@@ -12,7 +12,7 @@ def _row(shape, m, ternary, cublas, **extra):
 
 
 def test_report_tables_follow_the_rows():
-    result = {"gpu": "NVIDIA H200", "torch": "2.11", "cuda": "13.0", "command": "python scripts/bench_kernel.py",
+    result = {"gpu": "NVIDIA H200", "torch": "2.11", "cuda": "13.0", "command": "python benchmarks/bench_kernel.py",
               "ceilings": {"copy_TBps": 2.7, "bf16_matmul_8192_TFLOPs": 790.0},
               "rows": [_row("down", 1, 4.5, 9.0, mma_us_by_rows_per_cta={"16": 4.5, "32": 6.7, "64": 9.7},
                             mma_us_by_k_split={"1": 5.03, "2": 5.03, "3": 4.5, "4": 4.53},

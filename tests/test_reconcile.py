@@ -19,7 +19,7 @@ pytest.importorskip("vllm")
 @pytest.mark.parametrize("tp", [1, 2, 4])
 def test_offline_passes_and_lists_every_rank(tiny_qwen3, tmp_path, tp):
     out = tmp_path / "report.json"
-    proc = subprocess.run([sys.executable, "scripts/reconcile.py", "--offline", str(tiny_qwen3["dst"]), "--tp", str(tp),
+    proc = subprocess.run([sys.executable, "-m", "ternary_plugin.cli", "reconcile", "--offline", str(tiny_qwen3["dst"]), "--tp", str(tp),
                            "--json", str(out)], cwd=REPO, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     report = json.loads(out.read_text())
@@ -54,7 +54,7 @@ def test_a_live_run_that_hangs_names_the_step_it_hung_in():
     then writes the report and exits; here the callback releases the stuck call)."""
     import threading
 
-    from scripts.reconcile import bounded
+    from deployments.reconcile import bounded
 
     release, said = threading.Event(), []
 
@@ -74,7 +74,7 @@ def test_a_live_run_that_hangs_names_the_step_it_hung_in():
 def test_a_live_run_that_fails_reports_its_error_and_no_timeout():
     import time
 
-    from scripts.reconcile import bounded
+    from deployments.reconcile import bounded
 
     said = []
 
@@ -89,7 +89,7 @@ def test_a_live_run_that_fails_reports_its_error_and_no_timeout():
 
 def test_cli_against_no_cluster_exits_2_naming_the_address(tmp_path):
     report = tmp_path / "r.json"
-    proc = subprocess.run([sys.executable, "scripts/reconcile.py", "--address", "127.0.0.1:1", "--timeout", "1",
+    proc = subprocess.run([sys.executable, "-m", "ternary_plugin.cli", "reconcile", "--address", "127.0.0.1:1", "--timeout", "1",
                            "--json", str(report)], cwd=REPO, capture_output=True, text=True, timeout=240)
     assert proc.returncode == 2, proc.stdout + proc.stderr[-2000:]
     body = json.loads(report.read_text())
@@ -102,7 +102,7 @@ def test_cli_against_no_cluster_exits_2_naming_the_address(tmp_path):
 def test_a_loopback_address_keeps_the_driver_on_loopback(monkeypatch, address, expect):
     """Without RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 the driver's 127.0.0.1 became the machine's
     interface address and ray.init hung (the lent H200: 192.0.2.2:6390)."""
-    from scripts.reconcile import driver_env
+    from deployments.reconcile import driver_env
 
     monkeypatch.delenv("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", raising=False)
     driver_env(address)
@@ -116,7 +116,7 @@ def test_the_driver_keeps_its_handle_router_off_the_missing_event_loop(monkeypat
     """The CI failure of the throughput-optimized mode exported to every process: a sync driver's
     handle raised "No event loop running". The driver asks for the router's own loop; an
     operator's explicit setting wins."""
-    from scripts.reconcile import driver_env
+    from deployments.reconcile import driver_env
 
     monkeypatch.setenv("RAY_SERVE_THROUGHPUT_OPTIMIZED", "1")
     monkeypatch.delenv("RAY_SERVE_RUN_ROUTER_IN_SEPARATE_LOOP", raising=False)
@@ -129,8 +129,8 @@ def test_the_driver_keeps_its_handle_router_off_the_missing_event_loop(monkeypat
 
 def test_ray_is_not_imported_before_the_driver_setting():
     """ray_constants reads RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER when ray is first imported, so
-    nothing reconcile.py imports before live() may import ray."""
-    code = ("import sys; import scripts.reconcile; import ternary_plugin.reconcile; "
+    nothing the CLI and the job import before live() may import ray."""
+    code = ("import sys; import ternary_plugin.cli; import deployments.reconcile; import ternary_plugin.reconcile; "
             "print(sorted(m for m in sys.modules if m == 'ray' or m.startswith('ray.')))")
     proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]

@@ -100,7 +100,7 @@ def test_full_queue_gets_503_with_retry_after_and_metrics_are_exported(tmp_path)
     cfg["applications"][0]["args"].update(max_ongoing_requests=1, max_queued_requests=1)
     path = tmp_path / "queue.yaml"
     path.write_text(yaml.safe_dump(cfg))
-    proc = start_serve(path, tmp_path / "serve.log", env_extra={"SERVE_MODE": "deploy"})
+    proc = start_serve(path, tmp_path / "serve.log", deploy=True)
     try:
         async def burst():
             async with httpx.AsyncClient(timeout=120) as client:

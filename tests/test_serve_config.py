@@ -93,24 +93,25 @@ def test_serve_llm_import_failure_names_the_version_pair(monkeypatch):
     assert "vllm.entrypoints.serve.engine.protocol" in msg
     import ray
 
-    assert f"Installed: ray {ray.__version__}" in msg and "built for vllm" in msg and "gpu_pack.sh" in msg
+    assert f"Installed: ray {ray.__version__}" in msg and "built for vllm" in msg and "ternary-serve[gpu]" in msg
 
 
-def test_bench_serve_records_the_cluster_settings_serve_local_prints(tmp_path):
-    from scripts.bench_serve import cluster_settings
+def test_bench_serve_records_the_cluster_settings_ternary_serve_prints(tmp_path, monkeypatch):
+    from benchmarks.bench_serve import cluster_settings
+    from deployments.local import settings_line
+    from ternary_plugin import envs
 
+    for name in ("RAY_SERVE_THROUGHPUT_OPTIMIZED", "RAY_SERVE_ENABLE_DIRECT_INGRESS", "RAY_SERVE_LOG_TO_STDERR"):
+        monkeypatch.delenv(name, raising=False)
     log = tmp_path / "serve.log"
-    log.write_text("port check\nternary-serve cluster settings: RAY_SERVE_THROUGHPUT_OPTIMIZED=1 "
-                   "RAY_SERVE_ENABLE_DIRECT_INGRESS=0 RAY_SERVE_LOG_TO_STDERR=1\nstarted\n")
+    log.write_text(f"port check\n{settings_line(envs.cluster_env())}\nstarted\n")
     assert cluster_settings(log) == ("RAY_SERVE_THROUGHPUT_OPTIMIZED=1 RAY_SERVE_ENABLE_DIRECT_INGRESS=0 "
                                      "RAY_SERVE_LOG_TO_STDERR=1")
     assert cluster_settings(tmp_path / "missing.log") is None
-    line = next(ln for ln in (REPO / "scripts/serve_local.sh").read_text().splitlines() if "cluster settings:" in ln)
-    assert line.startswith('echo "ternary-serve cluster settings: ${SERVE_FAST[*]}"')
 
 
 def test_bench_serve_stops_at_a_failed_deploy(tmp_path):
-    from scripts.bench_serve import deploy_failure
+    from benchmarks.bench_serve import deploy_failure
 
     log = tmp_path / "serve.log"
     log.write_text("starting\n(ServeController) ImportError: vLLM is installed but failed to import\n"
@@ -126,9 +127,10 @@ def test_bench_serve_stops_at_a_failed_deploy(tmp_path):
 def test_ingress_options_merge_over_serve_llm_defaults():
     """Ray Serve LLM keeps one ingress replica (autoscaling target 1e9); the GPU configs ask for
     2..8, a fixed count replaces the default autoscaling, and the ingress reserves no CPU."""
-    from ray.llm._internal.serve.core.ingress.ingress import DEFAULT_INGRESS_OPTIONS
-
     from deployments.app import ingress_options
+    from deployments.compat import default_ingress_options
+
+    DEFAULT_INGRESS_OPTIONS = default_ingress_options()
 
     for name in ("tp1.yaml", "tp2.yaml", "tp4.yaml"):
         cfg = TernaryServeConfig.model_validate(_args(REPO / "configs" / name))

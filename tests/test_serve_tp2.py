@@ -1,9 +1,11 @@
-"""`serve run configs/cpu-tp2.yaml`: a replica with two vLLM CPU workers (tensor parallel 2),
-checked against offline tp 1; then a worker is killed: /health fails, Serve replaces the
-replica, and requests succeed again, all within bounded time."""
+"""configs/cpu-tp2.yaml served (a replica with two vLLM CPU workers, tensor parallel 2), with the
+test support's fault-injecting replica and worker classes: checked against offline tp 1, then
+reconciled, corrupted and reconciled again; then a worker is killed: /health fails, Serve
+replaces the replica, and requests succeed again, all within bounded time."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
@@ -12,7 +14,8 @@ import pytest
 import torch
 
 from tests.conftest import REPO
-from tests.serve_helpers import MODEL, health_status, offline_embeddings, post, serving
+from tests.serve_helpers import MODEL, derived_config, health_status, offline_embeddings, post, serving
+from tests.support import faults
 
 pytest.importorskip("ray.serve.llm")
 pytestmark = pytest.mark.vllm
@@ -21,22 +24,25 @@ TEXTS = ["The quick brown fox jumps over the lazy dog.", "tensor parallel on two
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    env = {"TERNARY_ALLOW_FAULT_INJECTION": "1"}
-    with serving("configs/cpu-tp2.yaml", tmp_path_factory.mktemp("serve"), env_extra=env) as model:
+    tmp = tmp_path_factory.mktemp("serve")
+    config = derived_config("configs/cpu-tp2.yaml", tmp / "tp2-faults.yaml", server_class=faults.SERVER_CLASS,
+                            worker_extension=faults.WORKER_EXTENSION)
+    with serving(config, tmp) as model:
         yield model
 
 
-def test_tp2_replica_matches_offline_tp1(server):
+def test_tp2_replica_matches_offline_tp1(server, tmp_path):
     r = post({"model": MODEL, "input": TEXTS})
     assert r.status_code == 200, r.text
     served = torch.tensor([d["embedding"] for d in r.json()["data"]], dtype=torch.float64)
-    offline = torch.tensor(offline_embeddings(server, TEXTS, tp=1)["embeddings"], dtype=torch.float64)
+    offline = torch.tensor(offline_embeddings(server, TEXTS, tmp_path / "offline.json", tp=1)["embeddings"],
+                           dtype=torch.float64)
     cos = torch.nn.functional.cosine_similarity(served, offline, dim=-1)
     assert bool((cos >= 0.9999).all()), cos.tolist()
 
 
 def reconcile(*extra, timeout=300):
-    proc = subprocess.run([sys.executable, "scripts/reconcile.py", "--address", "127.0.0.1:6391", *extra],
+    proc = subprocess.run([sys.executable, "-m", "ternary_plugin.cli", "reconcile", "--address", "127.0.0.1:6391", *extra],
                           cwd=REPO, capture_output=True, text=True, timeout=timeout)
     return proc.returncode, proc.stdout
 
@@ -55,7 +61,8 @@ def test_reconcile_names_an_injected_fault_and_restarts_the_replica(server):
         "h = serve.get_deployment_handle('TernaryLLMServer:minilm-ternary', 'ternary-embeddings')\n"
         "print('INJECTED', h.ternary_inject_fault.remote('encoder.layer.0.output.dense', 'shift', 1).result(timeout_s=60))\n"
     )
-    proc = subprocess.run([sys.executable, "-c", inject], cwd=REPO, capture_output=True, text=True, timeout=120)
+    proc = subprocess.run([sys.executable, "-c", inject], cwd=REPO, capture_output=True, text=True, timeout=120,
+                          env=dict(os.environ, RAY_SERVE_RUN_ROUTER_IN_SEPARATE_LOOP="1"))
     assert "INJECTED" in proc.stdout, proc.stderr[-2000:]
     code, out = reconcile("--timeout", "60", "--restart-bad")
     assert code == 1, out[-3000:]
@@ -78,11 +85,12 @@ def test_killed_worker_fails_health_then_replica_is_replaced(server):
     assert len(pids) == 1, f"expected one tp-1 worker of this replica, found {pids}"
     subprocess.run(["kill", "-9", pids[0]], check=True)
     t0 = time.time()
+    # A request right after the kill reaches the dead engine and gets an answer, not a hang:
+    # a 500 today (the engine is dead; issue 24 asks for a 503 with Retry-After instead).
+    r = post({"model": MODEL, "input": "in flight"}, timeout=90)
+    assert r.status_code == 500 and r.json()["error"]["code"] == 500, r.text
     code, out = reconcile("--timeout", "20", timeout=120)  # the job while the replica is broken
     assert code == 2 and "unreachable" in out.strip().splitlines()[-1], out[-2000:]
-    # a request right after the kill gets an answer (an error), not a hang
-    r = post({"model": MODEL, "input": "in flight"}, timeout=90)
-    assert r.status_code in (200, 500, 503), r.text
     saw_unhealthy = False
     while time.time() - t0 < 400:
         status = health_status()

@@ -14,7 +14,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from tests.conftest import REPO
+from tests.conftest import REPO, gpu_load_expected
 from ternary_plugin.validate import validate
 
 CODE = {0: 0b00, 1: 0b01, -1: 0b10}
@@ -69,7 +69,7 @@ def _lines(model_dir, tp=(2, 4)):
 def test_hand_built_checkpoint_validates(hand_built):
     levels = _lines(hand_built)
     assert levels["CPU_UNPACK"].status == "OK", levels["CPU_UNPACK"].detail
-    assert levels["GPU_LOAD"].status in ("SKIP", "OK")
+    assert levels["GPU_LOAD"].line().startswith(gpu_load_expected()), levels["GPU_LOAD"].line()
     assert levels["TP_SHARD"].status == "OK", levels["TP_SHARD"].detail
     # tp 4: down_proj K=300 -> 75 per rank, starting inside a byte and a block
     assert "misaligned" in levels["TP_SHARD"].detail
@@ -116,7 +116,7 @@ FAULTS = [
 def test_fault_is_caught(hand_built, name, fn, config_fn, message):
     _edit(hand_built, fn, config_fn)
     proc = subprocess.run(
-        [sys.executable, str(REPO / "scripts" / "validate_quant_weights.py"), str(hand_built), "--tp", "2"],
+        [sys.executable, "-m", "ternary_plugin.cli", "validate", str(hand_built), "--tp", "2"],
         capture_output=True, text=True, cwd=REPO, env=_env(),
     )
     assert proc.returncode == 1, proc.stdout + proc.stderr
@@ -152,3 +152,13 @@ def test_not_a_ternary_checkpoint(tmp_path, hand_built):
     levels = _lines(tmp_path / "plain")
     assert levels["CPU_UNPACK"].status == "FAIL"
     assert "no quantization_config with quant_method 'ternary'" in levels["CPU_UNPACK"].detail
+
+
+@pytest.mark.gpu
+def test_gpu_load_is_byte_identical_on_the_gpu(hand_built):
+    """GPU_LOAD on a machine with a GPU and vLLM: OK, never SKIP (on the lent H200)."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    pytest.importorskip("vllm")
+    level = _lines(hand_built)["GPU_LOAD"]
+    assert level.status == "OK" and "byte-identical" in level.detail, level.line()

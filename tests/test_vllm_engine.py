@@ -1,6 +1,6 @@
 """Real vLLM engines (CPU, mp backend) serving ternary checkpoints through the plugin.
 
-Each engine runs in a subprocess (scripts/embed.py), as a user would run it. Agreement with
+Each engine runs in a subprocess (`ternary-serve embed`), as a user would run it. Agreement with
 a transformers forward of the dequantized model: cosine >= 0.9999 per input in float32
 (both sides compute the same logical weights in fp32; what remains is summation order).
 """
@@ -12,6 +12,8 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
+from pathlib import Path
 
 import pytest
 import torch
@@ -32,22 +34,24 @@ TEXTS = {
 BIND = {1: "0|1", 2: "0|1", 4: "0|1|0|1"}  # one OpenMP thread group per CPU worker
 
 
-def run_embed(model, tp, texts, report=False, env_extra=None, check=True, extra_args=()):
+def run_embed(model, tp, texts, report=False, env_extra=None, check=True, extra_args=(), rerun_on_signal=False):
     env = dict(os.environ)
     env.update(
-        PYTHONPATH=str(REPO), VLLM_CPU_OMP_THREADS_BIND=BIND[tp], VLLM_CPU_KVCACHE_SPACE="1",
+        VLLM_CPU_OMP_THREADS_BIND=BIND[tp], VLLM_CPU_KVCACHE_SPACE="1",
         RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0", TOKENIZERS_PARALLELISM="false",
     )
     env.update(env_extra or {})
-    cmd = [sys.executable, str(REPO / "scripts" / "embed.py"), str(model), "--tp", str(tp), *extra_args, *texts]
+    fd, out = tempfile.mkstemp(suffix=".json")
+    os.close(fd)
+    cmd = [sys.executable, "-m", "ternary_plugin.cli", "embed", str(model), "--tp", str(tp), "--json", out,
+           *extra_args, *texts]
     if report:
         cmd.append("--report")
     if not check:
-        return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600, check=False)
-    proc = run_engine(cmd, env)
+        return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600, check=False, cwd=REPO)
+    proc = run_engine(cmd, env, cwd=REPO, rerun_on_signal=rerun_on_signal)
     assert proc.returncode == 0, f"rc {proc.returncode}\n{proc.stderr[-4000:]}\n--- stdout ---\n{proc.stdout[-2000:]}"
-    line = next(x for x in proc.stdout.splitlines() if x.startswith("RESULT "))
-    return json.loads(line[len("RESULT "):])
+    return json.loads(Path(out).read_text())
 
 
 def cosines(a, b):
@@ -80,7 +84,8 @@ def _result(engines, request, name, tp):
     key = (name, tp)
     if key not in engines:
         model = request.getfixturevalue(name)["dst"]
-        engines[key] = run_embed(model, tp, TEXTS[name], report=True)
+        # Opted in to one logged rerun after a crash by signal: nine tests share these engines.
+        engines[key] = run_embed(model, tp, TEXTS[name], report=True, rerun_on_signal=True)
     return engines[key]
 
 
@@ -162,7 +167,7 @@ def test_stock_vllm_without_plugin_names_the_method(tiny_qwen3):
         "if __name__ == '__main__':\n"
         f"    LLM(model={str(tiny_qwen3['dst'])!r}, runner='pooling', enforce_eager=True)\n"
     )
-    env = dict(os.environ, VLLM_PLUGINS="lora_filesystem_resolver", PYTHONPATH=str(REPO))
+    env = dict(os.environ, VLLM_PLUGINS="lora_filesystem_resolver")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
     assert proc.returncode != 0
     assert "Unknown quantization method: ternary" in proc.stderr

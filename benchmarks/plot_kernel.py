@@ -1,6 +1,6 @@
 """Plot speed-up over cuBLAS bf16 against M from a bench_kernel.py JSON (needs matplotlib).
 
-    python scripts/plot_kernel.py benchmarks/results/kernel-h200.json
+    python benchmarks/plot_kernel.py benchmarks/results/kernel-h200.json
 """
 
 import json

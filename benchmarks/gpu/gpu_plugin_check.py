@@ -1,7 +1,7 @@
 """GPU check of the plugin on the lent machine's vLLM: build tiny models, convert, validate
 (GPU_LOAD), embed through vLLM with the CUDA kernel, compare with the transformers reference.
 
-    python scripts/gpu_plugin_check.py OUT_DIR [TP]
+    python benchmarks/gpu/gpu_plugin_check.py OUT_DIR [TP]
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 def main(out: Path, tp: int = 1) -> int:
@@ -31,18 +31,19 @@ def main(out: Path, tp: int = 1) -> int:
         if not dst.exists():
             make(src)
             convert(src=src, dst=dst, quality_check=False, progress=False)
-        val = subprocess.run([sys.executable, str(REPO / "scripts/validate_quant_weights.py"), str(dst), "--tp", "2", "4"],
+        val = subprocess.run([sys.executable, "-m", "ternary_plugin.cli", "validate", str(dst), "--tp", "2", "4"],
                              capture_output=True, text=True)
         entry = {"validator": val.stdout.strip().splitlines(), "validator_rc": val.returncode}
         for dtype in ("bfloat16", "float16"):
             t = time.time()
-            proc = subprocess.run([sys.executable, str(REPO / "scripts/embed.py"), str(dst), "--dtype", dtype, "--tp", str(tp),
-                                   "--report", *texts],
+            out_json = work / f"embed-{name}-{dtype}.json"
+            proc = subprocess.run([sys.executable, "-m", "ternary_plugin.cli", "embed", str(dst), "--dtype", dtype,
+                                   "--tp", str(tp), "--report", "--json", str(out_json), *texts],
                                   capture_output=True, text=True)
             if proc.returncode != 0:
                 entry[dtype] = {"error": proc.stderr[-3000:]}
                 continue
-            res = json.loads(next(x for x in proc.stdout.splitlines() if x.startswith("RESULT "))[7:])
+            res = json.loads(out_json.read_text())
             ref = embed(dst, texts)
             cos = torch.nn.functional.cosine_similarity(torch.tensor(res["embeddings"]), ref, dim=-1).tolist()
             rank = res["ranks"][0]

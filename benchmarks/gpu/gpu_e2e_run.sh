@@ -1,63 +1,28 @@
 #!/usr/bin/env bash
 # On the lent GPU machine (after shared/device's stash.sh has unpacked vLLM and Ray into
 # /root/site and activate.sh is sourced): the GPU issue's runs, one stage per device call.
-# Here first: bash scripts/gpu_pack.sh (the payload with Ray 2.57.1, whose Serve LLM matches
-# vLLM 0.25.1) and bash scripts/gpu_wheels.sh (.whl, .whl2: carry them with the p2 call).
+# Here first: bash benchmarks/gpu/gpu_pack.sh (the payload with Ray 2.57.1, whose Serve LLM matches
+# vLLM 0.25.1) and bash benchmarks/gpu/gpu_wheels.sh (.whl, .whl2: carry them with the p2 call).
 #
-#   bash scripts/gpu_e2e_run.sh setup kernel        # build + install, GPU tests, memcheck, kernel bench
-#   bash scripts/gpu_e2e_run.sh wgmma               # the wgmma kernel's tests, memcheck, bench at M >= 64
-#   ORDER="mma floor" bash scripts/probes/run_probes.sh  # kernels alone, outside torch (seconds; no setup)
-#   bash scripts/gpu_e2e_run.sh profile_tiled       # ncu on the tiled kernel (profile: the small-M one)
+#   bash benchmarks/gpu/gpu_e2e_run.sh setup kernel        # build + install, GPU tests, memcheck, kernel bench
+#   bash benchmarks/gpu/gpu_e2e_run.sh wgmma               # the wgmma kernel's tests, memcheck, bench at M >= 64
+#   ORDER="mma floor" bash benchmarks/probes/run_probes.sh  # kernels alone, outside torch (seconds; no setup)
+#   bash benchmarks/gpu/gpu_e2e_run.sh profile_tiled       # ncu on the tiled kernel (profile: the small-M one)
 #                                                   # (also alone in one call, without the vLLM payload:
 #                                                   #  carry .whl only)
-#   bash scripts/gpu_e2e_run.sh prepare offline     # 0.6B model made + converted + validated; offline vLLM
-#   bash scripts/gpu_e2e_run.sh serve_tp1_ternary   # Ray Serve configs/tp1.yaml, ternary, live reconcile (~5 min)
-#   bash scripts/gpu_e2e_run.sh serve_tp1_bf16      # the same for bf16 (~4.5 min; one model per call)
-#   bash scripts/gpu_e2e_run.sh serve_tp2           # configs/tp2.yaml on two GPUs (nvidia-h200-x2)
-#   bash scripts/gpu_e2e_run.sh reconcile_tp1       # tp1 ternary + the live reconcile only (~4 min)
-#   SKIP_QWEN=1 MINILM_SRC=.e2e/minilm-bf16 bash scripts/gpu_e2e_run.sh prepare minilm   # MiniLM offline
-#
-# Measured on 2026-11-30 (nvidia-h200-x2, warm start): p1 34 s; p2 + setup + kernel 130 s; prepare
-# 54 s; each Serve stage 250-270 s (engine start under Serve ~170 s). A whole session in the
-# 30 minutes of device time, calls back to back (the machine goes cold 30 s after a call):
-#   p1 | p2 + setup kernel | prepare serve_tp1_ternary | serve_tp1_bf16 | serve_tp2 | offline profile
-# Never put two Serve stages in one call: two engines plus the reconcile outran the 600 s limit.
-# Fifth session (same kind, calls back to back, 1558 s of device time in all): p1 32 s; p2 + setup
-# + kernel + profile 209 s; prepare offline 272 s; serve_tp1_ternary 470 s (124 s of it the
-# reconcile hanging in ray.init, fixed since); serve_tp1_bf16 333 s. serve_tp2 did not fit.
-# Sixth session (nvidia-h200, 1690 s of device time in all): p1 30 s; p2 + setup + kernel +
-# profile_tiled 187 s; prepare serve_tp1_ternary 335 s (reconcile 13 s); serve_tp1_bf16 255 s;
-# offline 178 s, again 107 s; then three cold kernel-only calls (`setup kernel`, carry .whl alone,
-# no payload): 151, 137, 134 s of wall time, ~185-200 s of device time each with the start.
-# Seventh session (nvidia-h200, kernel work only, carry .whl alone, every call cold): `setup
-# wgmma profile_wgmma` 133 and 116 s of wall time (~160 s of device time each), setup + tests +
-# a probe script 73-116 s (~130-160 s each), `setup kernel` 154 s (~215 s); a probe that
-# deadlocked ran into its 300 s limit (~360 s). 1700 of 1800 s in all.
-# Eighth session (nvidia-h200, kernel work only, every call cold, ~40 s of start each): seven
-# calls of scripts/probes/run_probes.sh (the wgmma kernel built and timed outside torch, 7-15 s
-# of wall time, ~60-70 s of device time each), four `setup kernel` calls (carry .whl alone;
-# 120-160 s of wall time, ~180-200 s each) and two `setup` + a subset of the GPU tests (68-80 s
-# of wall time); ~1460 of 1800 s in all.
-# Ninth session (nvidia-h200, 337 s of device time left to it): one call of floor_probe.cu
-# (4 s of wall time, ~35 s of device time) and one of run_probes.sh with five mma_probe
-# variants (52 s of wall time, ~115 s); the lease was given back after each.
-# Tenth session (nvidia-h200, 12 calls, lease given back after each; ~1530 of 1800 s): three of
-# run_probes.sh alone (24-76 s of wall time; ~50-110 s of device time each), four of `setup
-# kernel` (+ probes or pdl_pairs.py; 160-203 s of wall time, ~190-230 s each), and five for
-# pdl_pairs.py and the graph dumps (`setup` + script, 5-98 s of wall time; two on a warm machine).
-# Eleventh session (nvidia-h200, 10 calls, lease given back after each; ~1600 of 1800 s): three of
-# run_probes.sh (the wgmma split sweep; 15-161 s of wall time, ~45-200 s of device time each),
-# two of `setup kernel` + a mid-M bench (`--ms 128 512 2048 --name kernel-h200-midm`; 196-202 s
-# of wall time, ~230 s each), one of `setup` + the GPU tests + that bench (158 s), p1 + p2 with
-# `setup prepare offline` (326 s of wall time, ~330 s) and one of `setup` + a GPU-test subset +
-# memcheck (98 s of wall time, ~130 s), and a last `setup` + the mid-M bench at 5 Ms (94 s, ~120 s).
+#   bash benchmarks/gpu/gpu_e2e_run.sh prepare offline     # 0.6B model made + converted + validated; offline vLLM
+#   bash benchmarks/gpu/gpu_e2e_run.sh serve_tp1_ternary   # Ray Serve configs/tp1.yaml, ternary, live reconcile (~5 min)
+#   bash benchmarks/gpu/gpu_e2e_run.sh serve_tp1_bf16      # the same for bf16 (~4.5 min; one model per call)
+#   bash benchmarks/gpu/gpu_e2e_run.sh serve_tp2           # configs/tp2.yaml on two GPUs (nvidia-h200-x2)
+#   bash benchmarks/gpu/gpu_e2e_run.sh reconcile_tp1       # tp1 ternary + the live reconcile only (~4 min)
+#   SKIP_QWEN=1 MINILM_SRC=.e2e/minilm-bf16 bash benchmarks/gpu/gpu_e2e_run.sh prepare minilm   # MiniLM offline
 #
 # Everything a stage measures lands in $OUT (at most 8 files come back: JSON results, a log
-# tarball); scripts/bench_e2e.py report merges them here afterwards. The parts of earlier GPU
+# tarball); benchmarks/bench_e2e.py report merges them here afterwards. The parts of earlier GPU
 # sessions are kept in .e2e/parts/ (ignored, on the dev machine): copy a session's returned
-# files there and run `python scripts/bench_e2e.py report .e2e/parts`.
+# files there and run `python benchmarks/bench_e2e.py report .e2e/parts`.
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT" /root/e2e-logs
 # /root/site: the payload (activate.sh puts it on the path too) and the wheels setup installs
 export PYTHONPATH="$PWD:/root/site${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 VLLM_PLUGINS=ternary
@@ -89,7 +54,7 @@ EOF
 
 stage_setup() {
   # pytest (.whl) and, where carried, what vLLM 0.25.1 imports beyond the payload (.whl2;
-  # scripts/gpu_wheels.sh)
+  # benchmarks/gpu/gpu_wheels.sh)
   python3 -m pip install -q --no-index --no-deps --no-compile --target /root/site .whl/*.whl \
     $(ls .whl2/*.whl 2>/dev/null) || return 1
   local t=$(date +%s)
@@ -130,7 +95,7 @@ stage_kernel() {
     tests/test_kernel_gpu.py -k "(each_kernel and (mma or gemv or tiled or wgmma) and bf16 and not large) or pdl" \
     > "$OUT/memcheck.log" 2>&1
   tail -4 "$OUT/memcheck.log"
-  python3 scripts/bench_kernel.py --out "$OUT" --replays 50 > "$LOGS/bench_kernel.log" 2>&1 || tail -20 "$LOGS/bench_kernel.log"
+  python3 benchmarks/bench_kernel.py --out "$OUT" --replays 50 > "$LOGS/bench_kernel.log" 2>&1 || tail -20 "$LOGS/bench_kernel.log"
   grep -E "^Geometric|^Worst|^Tiled kernel|^wgmma kernel|WRONG" "$OUT/kernel-h200.md"
 }
 
@@ -143,7 +108,7 @@ stage_wgmma() {
   timeout 200 compute-sanitizer --tool memcheck --print-limit 20 python3 -m pytest -q -p no:cacheprovider \
     tests/test_kernel_gpu.py -k "each_kernel and wgmma and bf16 and not large" > "$OUT/memcheck_wgmma.log" 2>&1
   tail -3 "$OUT/memcheck_wgmma.log"
-  python3 scripts/bench_kernel.py --out "$OUT" --replays 30 --ms ${WGMMA_MS:-64 256 1024 4096 16384} \
+  python3 benchmarks/bench_kernel.py --out "$OUT" --replays 30 --ms ${WGMMA_MS:-64 256 1024 4096 16384} \
     --name kernel-wgmma > "$LOGS/bench_wgmma.log" 2>&1 || tail -20 "$LOGS/bench_wgmma.log"
   sed -n '/^wgmma kernel (sm_90a)/,$p' "$OUT/kernel-wgmma.md" | head -60
 }
@@ -195,12 +160,12 @@ stage_profile_wgmma() {  # the wgmma kernel (auto tile): gate_up and o/tp4 (K 51
 }
 
 stage_prepare() {
-  python3 scripts/bench_e2e.py prepare "$OUT" ${MINILM_SRC:+--minilm "$MINILM_SRC"} ${SKIP_QWEN:+--skip-qwen} 2>&1 | tail -40
+  python3 benchmarks/bench_e2e.py prepare "$OUT" ${MINILM_SRC:+--minilm "$MINILM_SRC"} ${SKIP_QWEN:+--skip-qwen} 2>&1 | tail -40
 }
 
 offline_run() {  # MODEL_DIR LABEL [--reference]: one engine, its log in $LOGS, its JSON in $OUT
   local model=$1 label=$2; shift 2
-  python3 scripts/bench_e2e.py offline "$model" "$label" "$OUT/offline-$label.json" "$@" \
+  python3 benchmarks/bench_e2e.py offline "$model" "$label" "$OUT/offline-$label.json" "$@" \
     > "$LOGS/offline-$label.log" 2>&1 || tail -30 "$LOGS/offline-$label.log"
 }
 
@@ -222,7 +187,7 @@ serve_bench() {  # CONFIG NAME LABEL=MODEL [bench_serve args...]: one model per 
   # a cluster left by a call that was cut off (its processes run in their own session) holds
   # port 8000; the brackets keep pkill from matching this shell's own command line
   pkill -9 -f "[g]cs_server|[r]aylet|[r]ay::|[r]ay[.]scripts|[E]ngineCore|[R]ayWorkerProc" 2>/dev/null; sleep 2
-  RAY_TMP=/tmp/ray-e2e python3 scripts/bench_serve.py --config "$config" --model "$model" --replicas 1 --words 16 \
+  RAY_TMP=/tmp/ray-e2e python3 benchmarks/bench_serve.py --config "$config" --model "$model" --replicas 1 --words 16 \
     --requests 3000 --max-seconds 20 --health-timeout 300 --out "$OUT" --name "$name" "$@" 2>&1 \
     | tee "$LOGS/$name.out" | grep -vE " INFO | WARNING |logging.cc" | tail -25
   cp /tmp/"$name"-*.log "$LOGS"/ 2>/dev/null
@@ -237,7 +202,7 @@ stage_serve_tp1_bf16() {
   serve_bench configs/tp1.yaml serve-gpu-tp1-bf16 bf16=models/qwen3-embedding-0.6b-bf16 --concurrency 1 16 64
 }
 # the live reconciliation alone against tp1 (ternary; one 5 s level at c=1, not a part of the
-# report: its name is not serve-gpu-*), ~4 min: the proof that scripts/reconcile.py connects
+# report: its name is not serve-gpu-*), ~4 min: the proof that `ternary-serve reconcile` connects
 stage_reconcile_tp1() {
   serve_bench configs/tp1.yaml reconcile-gpu-tp1 ternary=models/qwen3-embedding-0.6b-ternary \
     --concurrency 1 --max-seconds 5 --reconcile --reconcile-timeout 60

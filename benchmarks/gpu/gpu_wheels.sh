@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# Wheels the GPU machine lacks beyond shared/device's payload, for scripts/gpu_e2e_run.sh setup
+# Wheels the GPU machine lacks beyond shared/device's payload, for benchmarks/gpu/gpu_e2e_run.sh setup
 # (carried as .whl and .whl2, both in .git/info/exclude):
 #   .whl   pytest and its two dependencies (the GPU tests)
 #   .whl2  compressed-tensors + loguru (vLLM 0.25.1 imports them for any quantized model) and
 #          model-hosting-container-standards + jmespath + supervisor (vLLM 0.25.1's OpenAI
 #          api_server imports it; Ray Serve LLM's engine start goes through it: seen on the H200)
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 get() { local dir=$1; shift; mkdir -p "$dir"
   python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
     --platform manylinux2014_x86_64 --platform any -d "$dir" "$@"; }

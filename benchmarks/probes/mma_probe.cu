@@ -4,7 +4,7 @@
 // (16 W rows a CTA, 64-weight units at M 9-16 with K <= 1024, the auto split along K):
 //
 //   nvcc -std=c++17 -O3 -gencode arch=compute_90a,code=sm_90a [-DPDL] [-DMMA_PROBE=b] [-DWARPS=w] \
-//        scripts/probes/mma_probe.cu -o /tmp/mma && /tmp/mma
+//        benchmarks/probes/mma_probe.cu -o /tmp/mma && /tmp/mma
 //
 // Columns (us per call):
 //   alone       back-to-back calls of the kernel

@@ -2,7 +2,7 @@
 // file, built and run on the GPU machine in seconds (no extension build).
 //
 //   nvcc -std=c++17 -O3 -gencode arch=compute_90a,code=sm_90a -DWGMMA_PROBE=0 \
-//        scripts/probes/wgmma_probe.cu -o /tmp/probe0 && /tmp/probe0
+//        benchmarks/probes/wgmma_probe.cu -o /tmp/probe0 && /tmp/probe0
 //
 // WGMMA_PROBE (bits, see the kernel's hooks): 0 the kernel as served; 1 no decode; 2 no wgmma
 // (results then wrong: the check says FAILED). Prints a float64 check of both tiles, then per
@@ -12,7 +12,7 @@
 //   issue  the producer issued k-step kt's copies (its stage was free)
 //   full   MMA thread 0 saw them land             dec    it finished decoding k-step kt
 //   mma    it issued k-step kt's wgmma            done   its wait<1> returned (k-step kt-1 finished)
-// Build with -DNO_TRACE for the times without the trace's stores. scripts/probes/run_probes.sh
+// Build with -DNO_TRACE for the times without the trace's stores. benchmarks/probes/run_probes.sh
 // builds and runs the variants on the GPU machine (seconds; no extension build).
 #include <cstdio>
 #include <cstdlib>

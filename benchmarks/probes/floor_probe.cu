@@ -1,7 +1,7 @@
 // What a small-M call can cost at best in bench_kernel.py's harness, measured without torch or the
 // extension: one CUDA file, built and run on the GPU machine in seconds.
 //
-//   nvcc -std=c++17 -O3 -gencode arch=compute_90a,code=sm_90a scripts/probes/floor_probe.cu \
+//   nvcc -std=c++17 -O3 -gencode arch=compute_90a,code=sm_90a benchmarks/probes/floor_probe.cu \
 //        -o /tmp/floor && /tmp/floor
 //
 // Same method as bench_kernel.time_graph: a CUDA graph of `copies` calls (each on its own buffer,

@@ -1,32 +1,32 @@
-"""Prove every tensor-parallel rank of every replica holds exactly the right ternary weights.
+"""The live half of shard reconciliation: ask every replica of every ternary deployment of a
+running Serve cluster what each tensor-parallel rank holds, and compare it with the checkpoint on
+disk (ternary_plugin/reconcile.py holds the comparison and the offline mode).
 
-Live (a running Serve deployment; also as a Ray job: ray job submit -- python scripts/reconcile.py):
-    python scripts/reconcile.py [--address 127.0.0.1:6390] [--app ternary-embeddings] [--timeout 60]
-                                [--restart-bad] [--json report.json]
-Offline (no cluster: every rank loaded in-process through the plugin's loading path):
-    python scripts/reconcile.py --offline MODEL_DIR --tp N [--json report.json]
+    ternary-serve reconcile [--address 127.0.0.1:6390] [--app NAME] [--timeout 60] [--restart-bad] [--json FILE]
+    ternary-serve reconcile --offline MODEL_DIR --tp N [--json FILE]
 
 Prints a table (replica, rank, layer, status), a summary line, and optionally a JSON report.
 Exit 0: all match; 1: any mismatch; 2: something could not be reached (bounded timeouts).
+Nothing here imports Ray before ``driver_env`` has run (Ray reads its settings at import).
 """
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 import threading
 import time
 from pathlib import Path
 
-DEPLOYMENT_PREFIX = "TernaryLLMServer"
+from deployments import compat
+from deployments.config import DEPLOYMENT_PREFIX
 
 
 def driver_env(address: str) -> None:
     """The environment this driver needs before ray is imported (ray reads both at import).
 
-    A cluster on 127.0.0.1 (scripts/serve_local.sh): keep this driver on loopback too. Without
-    RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 (scripts/env.sh sets it for the cluster) Ray rewrites
+    A cluster on 127.0.0.1 (`ternary-serve serve`): keep this driver on loopback too. Without
+    RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 (ternary_plugin/envs.py) Ray rewrites
     the driver's 127.0.0.1:PORT to the machine's interface address and waits for a GCS that is
     not there: on the lent H200, "Failed to connect to GCS at address 192.0.2.2:6390" until the
     watchdog fired; with it, connected in 1.4 s. An explicit setting is left alone."""
@@ -36,7 +36,11 @@ def driver_env(address: str) -> None:
     # (RAY_SERVE_THROUGHPUT_OPTIMIZED=1 exported where the cluster was started) would put their
     # router on an event loop it does not have ("No event loop running ..."). Its own setting
     # wins where an operator gives one.
-    os.environ.setdefault("RAY_SERVE_RUN_ROUTER_IN_SEPARATE_LOOP", "1")
+    from ternary_plugin import envs
+
+    for var in envs.REGISTRY:
+        if var.kind == "driver":
+            os.environ.setdefault(var.name, var.default)
 
 
 def live(address: str, app: str | None, timeout: float, restart_bad: bool, progress: dict | None = None):
@@ -61,7 +65,7 @@ def live(address: str, app: str | None, timeout: float, restart_bad: bool, progr
             if dep_name.startswith(DEPLOYMENT_PREFIX):
                 targets.append((app_name, dep_name, int(dep.replica_states.get("RUNNING", 0))))
     if not targets:
-        unreachable.append(f"no {DEPLOYMENT_PREFIX} deployment found" + (f" in application {app!r}" if app else ""))
+        unreachable.append(f"no {DEPLOYMENT_PREFIX}* deployment found" + (f" in application {app!r}" if app else ""))
     expected_cache = {}
     for app_name, dep_name, running in targets:
         progress["step"] = f"{app_name}/{dep_name}: ternary_shards() of {running} replica(s)"
@@ -92,7 +96,7 @@ def live(address: str, app: str | None, timeout: float, restart_bad: bool, progr
                     bad_replicas.add(replica)
         if restart_bad:
             for replica in bad_replicas:
-                actor = ray.get_actor(f"SERVE_REPLICA::{app_name}#{dep_name}#{replica}", namespace="serve")
+                actor = ray.get_actor(compat.replica_actor_name(app_name, dep_name, replica), namespace="serve")
                 ray.kill(actor, no_restart=True)  # Serve starts a replacement
                 print(f"restarting replica {replica} of {app_name}/{dep_name}")
     return rows, unreachable
@@ -120,18 +124,13 @@ def bounded(fn, seconds: float, on_timeout, *args):
         done.set()
 
 
-def main(argv=None) -> int:
+def run(*, offline_dir: Path | None, tp: int, address: str, app: str | None, timeout: float, restart_bad: bool,
+        json_path: Path | None) -> None:
+    """The job: reconcile, print the table and the summary, write the JSON report, and leave the
+    process with the exit code (0 / 1 / 2). Never returns: a thread still blocked on a dead cluster
+    must not keep the process alive, so the exit is os._exit."""
     from ternary_plugin.reconcile import offline, report_json, summarize, table
 
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--offline", type=Path, metavar="MODEL_DIR")
-    ap.add_argument("--tp", type=int, default=1, help="offline: tensor-parallel size to simulate")
-    ap.add_argument("--address", default=os.environ.get("RAY_ADDRESS", "auto"))
-    ap.add_argument("--app", default=None, help="Serve application name (default: all)")
-    ap.add_argument("--timeout", type=float, default=60, help="seconds to wait for each deployment")
-    ap.add_argument("--restart-bad", action="store_true", help="replace replicas that mismatch")
-    ap.add_argument("--json", type=Path, help="write the JSON report here")
-    args = ap.parse_args(argv)
     finishing = threading.Lock()
 
     def finish(rows, unreachable):
@@ -139,18 +138,15 @@ def main(argv=None) -> int:
             code, line = summarize(rows, unreachable)
             print(table(rows))
             print(line)
-            if args.json:
-                args.json.write_text(report_json(rows, unreachable, code, line))
+            if json_path:
+                json_path.write_text(report_json(rows, unreachable, code, line))
             sys.stdout.flush()
-            os._exit(code)  # a thread still blocked on a dead cluster must not keep us alive
+            sys.stderr.flush()
+            os._exit(code)
 
-    if args.offline:
-        rows, unreachable = offline(args.offline, args.tp)
+    if offline_dir:
+        rows, unreachable = offline(offline_dir, tp)
     else:
-        rows, unreachable = bounded(live, args.timeout + 60, lambda why: finish([], [why]), args.address, args.app,
-                                    args.timeout, args.restart_bad)
+        rows, unreachable = bounded(live, timeout + 60, lambda why: finish([], [why]), address, app, timeout,
+                                    restart_bad)
     finish(rows, unreachable)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -8,7 +8,7 @@ and on a side stream as mma_probe.cu does): torch.mul, torch's rms_norm then cop
 device-to-device copy last), and a Triton row copy (a kernel outside ATen). GPU machine,
 extension built:
 
-    python scripts/probes/pdl_pairs.py [--dot FILE]   (--dot: only write the graph of two pairs)
+    python benchmarks/probes/pdl_pairs.py [--dot FILE]   (--dot: only write the graph of two pairs)
 """
 
 from __future__ import annotations

@@ -1,0 +1,232 @@
+"""``ternary-serve serve CONFIG``: a private local Ray (loopback, its own ports and temp dir) and
+``serve run CONFIG`` on it (``--deploy``: ``serve deploy`` through the dashboard instead), until
+Ctrl-C or SIGTERM; then this cluster's processes, and only they, are stopped.
+
+CONFIG is a Serve config file, or the name of one the package ships (``cpu``, ``tp1``, ...: the
+files of the repository's configs/). A relative ``model`` path in it is taken from the caller's
+working directory: the application is built inside the cluster, whose working directory is not
+the caller's, so the config handed to Serve carries absolute paths.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+
+import yaml
+
+APP_IMPORT_PATH = "deployments.app:build_app"
+
+
+@dataclass
+class ClusterOptions:
+    ray_port: int = 6390
+    dashboard_port: int = 8265
+    metrics_port: int = 8081
+    temp_dir: Path = Path("/tmp/ternary-ray")
+    # Ray's CPU count is a logical budget for placement: the ingress takes 0, each engine worker
+    # cpus_per_worker; 8 leaves room for autoscaled replicas on a 2-core machine.
+    num_cpus: int = 8
+    deploy: bool = False
+
+
+def shipped_configs() -> dict[str, Path]:
+    """The Serve configs the package ships (configs/*.yaml of the repository), by stem."""
+    root = resources.files("deployments.configs")
+    return {Path(p.name).stem: Path(str(p)) for p in root.iterdir() if p.name.endswith(".yaml")}
+
+
+def find_config(name_or_path: str) -> Path:
+    path = Path(name_or_path)
+    if path.is_file():
+        return path
+    shipped = shipped_configs()
+    if name_or_path in shipped:
+        return shipped[name_or_path]
+    raise FileNotFoundError(f"no Serve config {name_or_path!r}: not a file, nor one of the shipped configs "
+                            f"{sorted(shipped)}")
+
+
+def resolved_config(path: Path, cwd: Path) -> dict:
+    """The Serve config with each ternary application's relative ``model`` made absolute against
+    ``cwd``, checked before any process starts (the typed args, and that the model exists)."""
+    from deployments.config import TernaryServeConfig
+
+    config = yaml.safe_load(path.read_text())
+    for app in config.get("applications", []):
+        if app.get("import_path") != APP_IMPORT_PATH:
+            continue
+        args = app.setdefault("args", {})
+        if "model" in args and not Path(args["model"]).expanduser().is_absolute():
+            args["model"] = str((cwd / args["model"]).resolve())
+        TernaryServeConfig.model_validate(args).check_model_dir()
+    return config
+
+
+def http_port(config: dict) -> int:
+    return int((config.get("http_options") or {}).get("port", 8000))
+
+
+def port_busy(port: int) -> bool:
+    with socket.socket() as s:
+        s.settimeout(1)
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+def wait_until(what: str, seconds: float, check, log: Path) -> None:
+    """Poll ``check()`` once a second; on timeout name what never came up, with the end of the log."""
+    deadline = time.time() + seconds
+    while time.time() < deadline:
+        if check():
+            return
+        time.sleep(1)
+    tail = log.read_text(errors="replace").splitlines()[-30:] if log.exists() else []
+    raise RuntimeError(f"{what} did not come up within {seconds:.0f} s; end of {log}:\n" + "\n".join(tail))
+
+
+SETTINGS_PREFIX = "ternary-serve cluster settings: "
+
+
+def settings_line(cluster_env: dict[str, str]) -> str:
+    return SETTINGS_PREFIX + " ".join(f"{k}={v}" for k, v in cluster_env.items())
+
+
+def ray_cli() -> list[str]:
+    return [sys.executable, "-m", "ray.scripts.scripts"]
+
+
+def serve_cli() -> list[str]:
+    return [sys.executable, "-m", "ray.serve.scripts"]
+
+
+class LocalCluster:
+    """A Ray head on 127.0.0.1 whose processes all carry ``temp_dir`` in their command line (so
+    they, and no other cluster's, can be found and stopped)."""
+
+    def __init__(self, opts: ClusterOptions, config: dict):
+        from ternary_plugin import envs
+
+        self.opts = opts
+        self.config = config
+        self.address = f"127.0.0.1:{opts.ray_port}"
+        self.log = Path(f"{opts.temp_dir}.log")
+        self.cluster_env = envs.cluster_env()
+        self.procs: list[subprocess.Popen] = []
+
+    def start(self) -> None:
+        for port in (self.opts.ray_port, self.opts.dashboard_port):
+            # A cluster stopped just before (the tests start one after another) may still hold
+            # its ports for a few seconds; a new head on a held port starts without its dashboard.
+            deadline = time.time() + 60
+            while port_busy(port) and time.time() < deadline:
+                time.sleep(1)
+            if port_busy(port):
+                raise RuntimeError(f"port {port} is still in use after 60 s: another Ray is running; stop it first")
+        # The cluster's processes (controller, proxy, replicas) inherit the raylet's environment:
+        # Serve's mode is set here, not in drivers (ternary_plugin/envs.py, kind "cluster").
+        print(settings_line(self.cluster_env), flush=True)  # benchmarks/bench_serve.py records this line
+        env = {**os.environ, **self.cluster_env}
+        self.opts.temp_dir.mkdir(parents=True, exist_ok=True)
+        cmd = [*ray_cli(), "start", "--head", "--block", "--node-ip-address", "127.0.0.1",
+               "--port", str(self.opts.ray_port), "--num-cpus", str(self.opts.num_cpus),
+               "--dashboard-host", "127.0.0.1", "--dashboard-port", str(self.opts.dashboard_port),
+               "--temp-dir", str(self.opts.temp_dir), "--metrics-export-port", str(self.opts.metrics_port),
+               "--disable-usage-stats"]
+        with open(self.log, "w") as log:
+            self.procs.append(subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT))
+        wait_until(f"the Ray head at {self.address}", 120,
+                   lambda: subprocess.run([*ray_cli(), "status", "--address", self.address], env=env,
+                                          capture_output=True).returncode == 0, self.log)
+
+    def serve(self, config_path: Path) -> subprocess.Popen:
+        """``serve run`` (or ``serve deploy``, then wait) of the resolved config on this cluster."""
+        env = {**os.environ, "RAY_ADDRESS": self.address}
+        if self.opts.deploy:
+            # `serve deploy` hands the config to the dashboard and returns. The dashboard's HTTP
+            # server starts after the GCS answers `ray status` (seconds later on a loaded machine).
+            url = f"http://127.0.0.1:{self.opts.dashboard_port}"
+            wait_until(f"the Ray dashboard at {url}", 120, lambda: _http_ok(f"{url}/api/ray/version"), self.log)
+            subprocess.run([*serve_cli(), "deploy", "--address", url, str(config_path)], env=env, check=True)
+            proc = subprocess.Popen(["sleep", "infinity"])
+        else:
+            proc = subprocess.Popen([*serve_cli(), "run", "--address", self.address, str(config_path)], env=env)
+        self.procs.append(proc)
+        return proc
+
+    def stop(self) -> None:
+        """Stop `serve run`, the `ray start --block` parent, then every Ray daemon whose command line
+        names this cluster's private temp dir (gcs_server and raylet do; their workers exit with the
+        raylet), and wait until the HTTP port is closed so the next cluster does not meet the old proxy."""
+        for proc in reversed(self.procs):
+            if proc.poll() is None:
+                proc.terminate()
+        time.sleep(2)
+        marker = f"{self.opts.temp_dir}/session"
+        for sig in ("-TERM", "-KILL"):
+            subprocess.run(["pkill", sig, "-f", "--", marker], capture_output=True)
+            time.sleep(3)
+        # Replica and proxy workers exit on their own once the raylet is gone (seen: up to ~60 s).
+        port = http_port(self.config)
+        deadline = time.time() + 120
+        while time.time() < deadline and port_busy(port):
+            time.sleep(1)
+        deadline = time.time() + 30
+        while time.time() < deadline and (port_busy(self.opts.dashboard_port) or port_busy(self.opts.ray_port)):
+            time.sleep(1)
+        for proc in self.procs:
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+
+
+def _http_ok(url: str) -> bool:
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(url, timeout=2) as r:
+            return r.status == 200
+    except OSError:
+        return False
+
+
+def serve_local(config: str, opts: ClusterOptions, cwd: Path | None = None) -> int:
+    """Resolve and check the config, start the cluster, serve until interrupted, stop the cluster.
+    Returns the exit code of `serve run` (143 after SIGTERM, 130 after Ctrl-C)."""
+    resolved = resolved_config(find_config(config), cwd or Path.cwd())
+    port = http_port(resolved)
+    if port_busy(port):
+        print(f"port {port} already answers: another Serve is running; stop it first", file=sys.stderr)
+        return 1
+    config_path = Path(f"{opts.temp_dir}.serve.yaml")
+    config_path.write_text(yaml.safe_dump(resolved, sort_keys=False))
+    cluster = LocalCluster(opts, resolved)
+
+    def on_signal(signum, _frame):
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    code = 1
+    try:
+        cluster.start()
+        print(f"serving {shlex.quote(str(config_path))} on {cluster.address}: "
+              f"http://127.0.0.1:{port} (Ctrl-C stops)", flush=True)
+        code = cluster.serve(config_path).wait()
+    except SystemExit as exc:
+        code = int(exc.code or 0)
+    except (RuntimeError, subprocess.CalledProcessError) as exc:
+        print(f"ternary-serve serve: {exc}", file=sys.stderr)
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the stop itself is not interrupted
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        cluster.stop()
+    return code

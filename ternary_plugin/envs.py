@@ -1,0 +1,167 @@
+"""Every environment variable ternary-serve reads or sets, defined once: name, type, default, why.
+
+Three kinds:
+- ``read``: knobs the project reads (the kernels' dispatch limits are read by csrc/ternary_ops.cpp,
+  once per process; the build knobs by setup.py).
+- ``engine``: what the project sets for every vLLM engine and Serve replica it starts
+  (``deployments/app.py`` passes them in the replicas' runtime env; ``scripts/env.sh`` exports them
+  for the shell entry points and tests: ``python -m ternary_plugin.envs`` prints the lines).
+- ``shell``: exported by scripts/env.sh for the shell entry points and tests (with the ``engine`` ones).
+- ``cluster``: set by ``ternary-serve serve`` on the private local Ray it starts (Serve's
+  throughput-optimized mode), for the cluster's processes only.
+- ``driver``: set by drivers that call Serve handles (the reconciliation job).
+
+tests/test_envs.py checks that every ``TERNARY_*`` name the code, scripts or configs use is here and
+that scripts/env.sh exports exactly the ``engine`` and ``shell`` entries below.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import sys
+from dataclasses import dataclass
+from typing import Literal
+
+Kind = Literal["read", "engine", "shell", "cluster", "driver"]
+
+
+@dataclass(frozen=True)
+class EnvVar:
+    name: str
+    type: type
+    default: str | None  # None: unset unless the user sets it
+    kind: Kind
+    why: str
+
+
+def _kernel(name: str, default: int, why: str) -> EnvVar:
+    return EnvVar(name, int, str(default), "read", f"CUDA dispatch (csrc/ternary_ops.cpp, docs/kernel.md): {why}")
+
+
+REGISTRY: tuple[EnvVar, ...] = (
+    # --- read by the serving path ---------------------------------------------------------------
+    EnvVar("TERNARY_API_KEY", str, None, "read",
+           "Bearer key the ingress requires when the Serve config sets no api_key (deployments/config.py)"),
+    EnvVar("TERNARY_MODEL_ROOT", str, None, "read",
+           "directory a Serve config's relative `model` path is taken from when the application is built "
+           "inside the cluster (default: that process's working directory); `ternary-serve serve` resolves "
+           "relative paths against the caller's working directory instead"),
+    # --- read by setup.py (the build) --------------------------------------------------------------
+    EnvVar("TERNARY_BUILD_CUDA", str, "auto", "read",
+           "setup.py: 0 skips the CUDA kernels, 1 makes a missing CUDA toolchain an error, auto builds where "
+           "torch has CUDA and nvcc exists"),
+    EnvVar("TERNARY_CUDA_ARCHS", str, "80;90a", "read",
+           "setup.py: the CUDA architectures compiled (sm_90a for the wgmma kernel, sm_80 as the generic one)"),
+    EnvVar("TERNARY_BUILD_CPU", str, "1", "read",
+           "setup.py: 0 skips the CPU kernel (csrc/cpu/); then a CPU machine runs the pure-torch reference"),
+    # --- read by the CPU op, once per process ---------------------------------------------------------
+    EnvVar("TERNARY_CPU_SMALL_M_MAX", int, None, "read",
+           "CPU kernel (csrc/cpu/): largest M that streams the packed weights with codes decoded in registers; "
+           "above it weight tiles are decoded once and multiplied by oneDNN (default: the measured constant there)"),
+    # --- read by the CUDA op, once per process (0 switches a kernel off) ----------------------------
+    _kernel("TERNARY_GEMV_MAX_M", 1, "largest M of the warp-per-row kernel"),
+    _kernel("TERNARY_MMA_MAX_M", 32, "largest M of the small-M tensor-core kernel"),
+    _kernel("TERNARY_MMA_NARROW_MAX_M", 128, "largest M of the tensor-core kernel on narrow layers"),
+    _kernel("TERNARY_MMA_NARROW_MAX_N", 1536, "widest N counted as narrow"),
+    _kernel("TERNARY_MMA64_MAX_K", 1024, "largest K that takes 64-weight units of work"),
+    _kernel("TERNARY_TILED_MAX_M", 64, "largest M of the tiled tensor-core kernel"),
+    _kernel("TERNARY_TILED_MIN_N", 1536, "narrowest N of the tiled kernel"),
+    _kernel("TERNARY_TILED_WAVE_MAX_M", 256, "largest M of the tiled kernel where its tiles fit one wave"),
+    _kernel("TERNARY_WGMMA_MIN_M", 1024, "smallest M of the wgmma kernel"),
+    _kernel("TERNARY_WGMMA_MAX_M", 8192, "largest M of the wgmma kernel"),
+    _kernel("TERNARY_WGMMA_WIDE_MIN_M", 65, "smallest M of the wgmma kernel on wide layers"),
+    _kernel("TERNARY_WGMMA_WIDE_MAX_M", 1023, "largest M of the wgmma kernel on wide layers"),
+    _kernel("TERNARY_WGMMA_WIDE_MIN_N", 4096, "narrowest N counted as wide"),
+    # --- set for every engine and replica ------------------------------------------------------------
+    EnvVar("VLLM_PLUGINS", str, "ternary", "engine",
+           "load the ternary plugin (and only it) in every vLLM process, so nothing else can shadow it"),
+    EnvVar("HF_HUB_OFFLINE", str, "1", "engine", "nothing is downloaded at run time"),
+    EnvVar("TRANSFORMERS_OFFLINE", str, "1", "engine", "nothing is downloaded at run time"),
+    EnvVar("TOKENIZERS_PARALLELISM", str, "false", "engine",
+           "the tokenizers' own thread pool fights vLLM's workers for the cores and warns after fork"),
+    EnvVar("VLLM_NO_USAGE_STATS", str, "1", "engine", "no usage reports from a machine without network"),
+    EnvVar("VLLM_CPU_KVCACHE_SPACE", int, "1", "engine",
+           "GiB of KV cache per CPU worker (CPU engines only): embeddings need little, and 2-core CI machines "
+           "have 24 GiB for every engine"),
+    # --- exported by scripts/env.sh for the shell entry points and tests ----------------------------
+    EnvVar("DO_NOT_TRACK", str, "1", "shell", "no usage reports (libraries that honour it)"),
+    EnvVar("RAY_USAGE_STATS_ENABLED", str, "0", "shell", "no Ray usage reports"),
+    EnvVar("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", str, "0", "shell",
+           "keep Ray on 127.0.0.1: otherwise it rewrites 127.0.0.1 to the machine's interface address, listens "
+           "on all interfaces, and a driver waits for a GCS that is not there"),
+    EnvVar("RAY_AUTH_MODE", str, "disabled", "shell",
+           "a ~/.ray/auth_token left on the machine would turn on token auth for new clusters "
+           "(clients then fail with InvalidAuthToken)"),
+    EnvVar("VLLM_CACHE_ROOT", str, ".cache/vllm", "shell", "vLLM's compile cache inside the checkout"),
+    EnvVar("TORCHINDUCTOR_CACHE_DIR", str, ".cache/inductor", "shell", "Inductor's cache inside the checkout"),
+    # --- set by `ternary-serve serve` for the cluster it starts --------------------------------------
+    EnvVar("RAY_SERVE_THROUGHPUT_OPTIMIZED", str, "1", "cluster",
+           "replica code and the router on the replica's own event loop, gRPC between deployments, buffered "
+           "request logs: c=1 p50 120 -> 91 ms on the 2-core CPU machine, bf16 c=64 118 -> 198 embeddings/s "
+           "on the H200 (benchmarks/results/e2e-h200.md)"),
+    EnvVar("RAY_SERVE_ENABLE_DIRECT_INGRESS", str, "0", "cluster",
+           "off: the ingress replicas would bind port 8000 themselves (no proxy), and 2..8 ingress replicas "
+           "on one node do not fit"),
+    EnvVar("RAY_SERVE_LOG_TO_STDERR", str, "1", "cluster",
+           "on: `serve run`'s output keeps the replicas' logs and access lines (operators and tests read it)"),
+    # --- set by drivers ----------------------------------------------------------------------------
+    EnvVar("RAY_SERVE_RUN_ROUTER_IN_SEPARATE_LOOP", str, "1", "driver",
+           "for drivers (the reconciliation job) that call Serve handles from synchronous code: the "
+           "throughput-optimized mode's router would need an event loop they do not run"),
+)
+
+BY_NAME: dict[str, EnvVar] = {v.name: v for v in REGISTRY}
+
+
+def get(name: str) -> str | None:
+    """The variable's value in this process, or its registered default."""
+    return os.environ.get(name, BY_NAME[name].default)
+
+
+def engine_env() -> dict[str, str]:
+    """What every vLLM engine and Serve replica the project starts gets (device-independent part)."""
+    return {v.name: v.default for v in REGISTRY if v.kind == "engine" and v.name != "VLLM_CPU_KVCACHE_SPACE"}
+
+
+def cpu_engine_env() -> dict[str, str]:
+    """What CPU engines get in addition."""
+    return {"VLLM_CPU_KVCACHE_SPACE": BY_NAME["VLLM_CPU_KVCACHE_SPACE"].default}
+
+
+def cluster_env() -> dict[str, str]:
+    """What `ternary-serve serve` sets for the cluster it starts; the caller's own setting wins."""
+    return {v.name: os.environ.get(v.name, v.default) for v in REGISTRY if v.kind == "cluster"}
+
+
+def shell_exports(repo_root: str) -> list[str]:
+    """The `export` lines of scripts/env.sh: engine and shell entries, relative paths under the checkout.
+    VLLM_CPU_KVCACHE_SPACE keeps a caller's own value."""
+    lines = []
+    for v in REGISTRY:
+        if v.kind not in ("engine", "shell"):
+            continue
+        value = v.default
+        if v.name in ("VLLM_CACHE_ROOT", "TORCHINDUCTOR_CACHE_DIR"):
+            value = os.path.join(repo_root, value)
+        if v.name == "VLLM_CPU_KVCACHE_SPACE":
+            lines.append(f"export {v.name}=${{{v.name}:-{value}}}")
+        else:
+            lines.append(f"export {v.name}={shlex.quote(value)}")
+    return lines
+
+
+def markdown_table() -> str:
+    """The README/docs table of every variable."""
+    rows = ["| variable | type | default | set or read | why |", "|---|---|---|---|---|"]
+    for v in REGISTRY:
+        rows.append(f"| `{v.name}` | {v.type.__name__} | {v.default if v.default is not None else '(unset)'} "
+                    f"| {v.kind} | {v.why} |")
+    return "\n".join(rows)
+
+
+if __name__ == "__main__":
+    if sys.argv[1:] == ["--markdown"]:
+        print(markdown_table())
+    else:
+        print("\n".join(shell_exports(sys.argv[1] if len(sys.argv) > 1 else os.getcwd())))

@@ -1,0 +1,45 @@
+"""Fault injection for the reconciliation tests: subclasses of the production worker extension and
+replica that can corrupt one rank's copy of one layer. Picked by a test's Serve config
+(``server_class`` / ``worker_extension``); the shipped packages have no way to change a weight.
+
+The replicas and workers import this module, so the cluster that runs them needs the repository
+root on its PYTHONPATH (tests/serve_helpers.py starts it so).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from deployments import compat
+from deployments.server import TernaryLLMServer
+from ternary_plugin.worker_ext import TernaryWorkerExtension, ternary_layers
+
+SERVER_CLASS = "tests.support.faults:FaultInjectingServer"
+WORKER_EXTENSION = "tests.support.faults:FaultInjectingWorkerExtension"
+FAULT_KINDS = ("flip", "shift")
+
+
+class FaultInjectingWorkerExtension(TernaryWorkerExtension):
+    def ternary_inject_fault(self, layer_suffix: str, kind: str, rank: int) -> str | None:
+        """On tp rank ``rank`` only, corrupt the first layer whose name ends with ``layer_suffix``:
+        "flip" changes two codes of its first packed byte, "shift" rolls its scales by one block."""
+        if kind not in FAULT_KINDS:
+            raise ValueError(f"unknown fault kind {kind!r}: use one of {FAULT_KINDS}")
+        if self._tp_rank() != rank:
+            return None
+        layers = ternary_layers(self._ternary_model())
+        name = next((n for n in layers if n.endswith(layer_suffix)), None)
+        if name is None:
+            raise KeyError(f"no ternary layer ending with {layer_suffix!r} on tp rank {rank}")
+        layer = layers[name]
+        with torch.no_grad():
+            if kind == "flip":
+                layer.packed_ternary_weight.data[0, 0] ^= 0b0101  # two codes change
+            else:
+                layer.weight_scale.data.copy_(torch.roll(layer.weight_scale.data, 1, dims=1))
+        return name
+
+
+class FaultInjectingServer(TernaryLLMServer):
+    async def ternary_inject_fault(self, layer_suffix: str, kind: str, rank: int) -> list:
+        return await compat.engine_client(self).collective_rpc("ternary_inject_fault", args=(layer_suffix, kind, rank))
