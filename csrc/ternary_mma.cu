@@ -68,7 +68,7 @@ __device__ __forceinline__ void pdl_wait() {
 #endif
 }
 
-// Probe hook: scripts/probes/mma_probe.cu leaves one stage out with MMA_PROBE (bits: 1 no
+// Probe hook: benchmarks/probes/mma_probe.cu leaves one stage out with MMA_PROBE (bits: 1 no
 // activation loads, 2 no mma, 4 no reduction across warps; results then wrong). 0 in the
 // extension.
 #ifndef MMA_PROBE
@@ -77,7 +77,7 @@ __device__ __forceinline__ void pdl_wait() {
 
 // Weights of K per unit of work (U): 128 (a scale block, 8 mma steps of k16; the default) or 64
 // (half a block, 4 steps: for shards starting 64 weights into a block, and at M 9-16 with short K:
-// twice the units, each half the dependent chain per warp; see docs/kernel_notes.md, v6).
+// twice the units, each half the dependent chain per warp; see docs/notes/kernel_notes.md, v6).
 // Thread t takes the U/4 consecutive weights [U/4 t, U/4 (t+1)) of a unit: U/16 code bytes of
 // each row and U/4 activations of each token.
 
@@ -117,7 +117,7 @@ __device__ __forceinline__ void load_weights(WeightStage<R>& st, const uint8_t* 
   const bool codes_ok = byte0 < ldp;             // ldp % 8 == 0, byte0 % (U/16) == 0: the load fits
   // the unit's scale column (a unit lies inside a block); without a division where a block is
   // one unit (the format's 128 at U = 128: then k_offset is 0), which cost ~25 instructions before
-  // the first load (o at M 1: 3.09 -> 2.95 us, scripts/probes/mma_probe.cu)
+  // the first load (o at M 1: 3.09 -> 2.95 us, benchmarks/probes/mma_probe.cu)
   const int sb = block_size == U ? b : (b * U + k_offset) / block_size;
 #pragma unroll
   for (int r = 0; r < R; ++r)
@@ -160,7 +160,7 @@ ternary_mma_kernel(const T* __restrict__ x,            // [M, K]
   // or M read row N-1 / M-1 instead: their products land only in accumulators that are never
   // stored, and no load needs a branch. (A guarded load inside a branch made ptxas convert the
   // scale inside the branch, so each of the 2R scale loads waited a full memory round trip
-  // before the next load was issued; see docs/kernel_notes.md.)
+  // before the next load was issued; see docs/notes/kernel_notes.md.)
   const uint8_t* prow[R][2];
   const unsigned short* srow[R][2];
 #pragma unroll

@@ -7,7 +7,7 @@
 // by exactly one thread pair-wise into the m16n8k16-style A fragment of its warp, so a CTA
 // decodes its 128 x 64 W tile once per k-step, and no decoded tile goes through shared memory
 // (v4 did that: a 16 KB store, fence.proxy.async and an mbarrier hand-off every k-step, ~0.75
-// us a k-step whatever the work; docs/kernel_notes.md v8, v9).
+// us a k-step whatever the work; docs/notes/kernel_notes.md v8, v9).
 //
 //   Persistent CTAs, one an SM, each walking tiles of 128 W rows x BM tokens (BM = 256 or 128,
 //   choose_wgmma_tiling); or, split-K, a cluster of 2, 4 or 8 CTAs a tile, each one run of its
@@ -31,7 +31,7 @@
 // W tile) costs the same at 128 and 256 tokens; at 128 it is longer than the k-step's wgmma and
 // shows (gate_up M 4096: 118 us), at 256 it hides under twice the tensor-core work (84 us;
 // cuBLAS 76-78). Persistent CTAs (the prologue's copies and scale loads overlap the previous
-// tile's epilogue) and 4 stages: 78 us. Measured with scripts/probes/wgmma_probe.cu (float64
+// tile's epilogue) and 4 stages: 78 us. Measured with benchmarks/probes/wgmma_probe.cu (float64
 // check, per-k-step clock64 trace).
 //
 // Requires (checked by the host): an sm_90 device; K % 8 == 0, x and packed 16-byte aligned and
@@ -53,7 +53,7 @@
 #include "ternary_mma.cuh"
 #include "ternary_wgmma.h"
 
-// Probe hooks, empty here: scripts/probes/wgmma_probe.cu defines them to time each role's
+// Probe hooks, empty here: benchmarks/probes/wgmma_probe.cu defines them to time each role's
 // k-steps (clock64 per event) and to switch parts off, so the pipeline can be measured piece by
 // piece on the GPU without a second copy of the kernel. WGMMA_PROBE bits: 1 skip the decode,
 // 2 skip the wgmma. Every mbarrier wait and arrive stays in each case (a skipped wait hangs the
@@ -625,7 +625,7 @@ bool wgmma_fills_gpu(int M, int N) {
 }
 
 // The tiling: each candidate's time modelled as (k-steps a CTA walks) x (a k-step's time at its
-// tile) + (the split's exchange), the least taken. Fitted on the H200 to scripts/probes/
+// tile) + (the split's exchange), the least taken. Fitted on the H200 to benchmarks/probes/
 // wgmma_probe.cu's split sweep (every tile x split on the 8 benchmark layers at M 64-4096, CUDA
 // graphs, inputs past L2; benchmarks/results/wgmma-split-h200.md): t = 2.66
 // + steps x (0.78 us at 256 tokens, 0.55 at 128) + (1.84 / 3.08 / 3.87 us at 128 tokens and 2, 4,
