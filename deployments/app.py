@@ -128,6 +128,7 @@ def build_app(args: dict) -> Application:
 
     cfg = TernaryServeConfig.model_validate(args)
     cfg.check_model_dir()
+    cfg.check_exposure(compat.serve_http_host() or "127.0.0.1")
     config = llm_config(cfg)
     server = build_llm_deployment(config, name_prefix=DEPLOYMENT_PREFIX)
     app = build_fastapi_app(api_key=cfg.resolved_api_key, max_body_bytes=cfg.max_body_bytes, max_inputs=cfg.max_inputs)

@@ -64,3 +64,19 @@ def replica_actor_name(app: str, deployment: str, replica_id: str) -> str:
     """The Ray actor name of a Serve replica (``SERVE_REPLICA::app#deployment#id`` in both Ray
     versions): the reconciliation job kills a mismatching replica by it, and Serve replaces it."""
     return f"SERVE_REPLICA::{app}#{deployment}#{replica_id}"
+
+
+def serve_http_host() -> str | None:
+    """The HTTP host the running Serve controller binds its proxies to (the Serve config's
+    ``http_options.host``), or None where no controller runs yet (``serve.run`` from Python starts it
+    after the build, with Serve's default host 127.0.0.1). ``ServeController.get_http_config`` and the
+    actor name ``SERVE_CONTROLLER_ACTOR`` in namespace ``serve``: both Ray versions."""
+    import ray
+
+    if not ray.is_initialized():
+        return None
+    try:
+        controller = ray.get_actor("SERVE_CONTROLLER_ACTOR", namespace="serve")
+    except ValueError:
+        return None
+    return ray.get(controller.get_http_config.remote(), timeout=30).host

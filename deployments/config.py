@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 from typing import Any, Literal, Optional
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 
 API_KEY_ENV = "TERNARY_API_KEY"
 MODEL_ROOT_ENV = "TERNARY_MODEL_ROOT"
@@ -80,7 +80,12 @@ class TernaryServeConfig(BaseModel):
     max_queued_requests: int = Field(-1, ge=-1, description="requests waiting per deployment before 503 (-1: no bound)")
     health_check_period_s: float = Field(10, gt=0)
     health_check_timeout_s: float = Field(30, gt=0)
-    api_key: Optional[str] = Field(None, description=f"Bearer key clients must send (or set ${API_KEY_ENV})")
+    api_key: Optional[SecretStr] = Field(
+        None, description="Bearer key clients must send; better left out of the file (it is stored with the Serve "
+        "config): the key is then read from the variable api_key_env names, on the cluster")
+    api_key_env: str = Field(API_KEY_ENV, description="environment variable holding the key where api_key is unset")
+    allow_unauthenticated: bool = Field(
+        False, description="serve without an API key on a non-loopback HTTP host (refused otherwise)")
     max_body_bytes: int = Field(2 * 1024 * 1024, ge=1024, description="larger request bodies get 413")
     max_inputs: int = Field(2048, ge=1, description="inputs per request; more get 400")
     engine_env: dict[str, str] = Field(default_factory=dict, description="extra environment for the engines")
@@ -162,4 +167,27 @@ class TernaryServeConfig(BaseModel):
 
     @property
     def resolved_api_key(self) -> Optional[str]:
-        return self.api_key or os.environ.get(API_KEY_ENV) or None
+        if self.api_key is not None and self.api_key.get_secret_value():
+            return self.api_key.get_secret_value()
+        return os.environ.get(self.api_key_env) or None
+
+    def check_exposure(self, http_host: str) -> None:
+        """Closed by default: an HTTP host beyond loopback needs an API key, or an explicit opt-out."""
+        if is_loopback(http_host) or self.resolved_api_key or self.allow_unauthenticated:
+            return
+        raise ValueError(
+            f"http_options.host is {http_host!r} (reachable beyond this machine) and no API key is set: export "
+            f"{self.api_key_env}=<key> on the cluster (or set api_key_env to the variable that holds it), or set "
+            "allow_unauthenticated: true in the application's args to serve without one"
+        )
+
+
+def is_loopback(host: str) -> bool:
+    import ipaddress
+
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import json
+import re
 from typing import Optional
 
 from fastapi import Request
@@ -21,12 +22,50 @@ from deployments import compat
 OpenAiIngress, init, EmbeddingRequest = compat.ingress_base()
 
 RETRY_AFTER_S = "1"
+# OpenAI's error kinds by status; every error the ingress sends carries one of them.
+ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+               404: "not_found_error", 413: "invalid_request_error", 415: "invalid_request_error",
+               422: "invalid_request_error", 429: "rate_limit_error", 500: "server_error", 503: "server_error"}
+# Ray Serve LLM's messages: "Message: <what>, Internal exception: <class and text>, original
+# exception: ..." with " (Request ID: <id>)" appended: only <what> is for the client.
+_WRAPPED_MESSAGE = re.compile(r"^Message: (?P<what>.*?)(?: \(Request ID: [^)]*\))?, Internal exception: ", re.S)
+_REQUEST_ID = re.compile(r" ?\(Request ID: [^)]*\)")
 
 
-def openai_error(status: int, message: str, type_: str, param: Optional[str] = None, headers=None) -> JSONResponse:
-    """The OpenAI error schema: {"error": {"message", "type", "param", "code"}}."""
-    body = {"error": {"message": message, "type": type_, "param": param, "code": status}}
+def error_type(status: int) -> str:
+    return ERROR_TYPES.get(status, "invalid_request_error" if status < 500 else "server_error")
+
+
+def openai_error(status: int, message: str, type_: str | None = None, param: Optional[str] = None,
+                 headers=None) -> JSONResponse:
+    """The OpenAI error schema: {"error": {"message", "type", "param", "code"}}; 503s say when to retry."""
+    body = {"error": {"message": message, "type": type_ or error_type(status), "param": param, "code": status}}
+    if status == 503:
+        headers = {"Retry-After": RETRY_AFTER_S, **(headers or {})}
     return JSONResponse(body, status_code=status, headers=headers)
+
+
+def client_message(message: str) -> str:
+    """What an error message tells the client: no wrapper, no internal exception, no request id."""
+    m = _WRAPPED_MESSAGE.match(message)
+    return _REQUEST_ID.sub("", m.group("what") if m else message).strip()
+
+
+async def normalized_error(response: Response) -> Response:
+    """Any JSON error a layer below wrote (Ray Serve LLM's handlers, vLLM's serving layer, FastAPI),
+    in the one OpenAI shape: code = the status, type = OpenAI's kind, the message without internals."""
+    if response.status_code < 400 or not response.headers.get("content-type", "").startswith("application/json"):
+        return response
+    raw = b"".join([chunk async for chunk in response.body_iterator])
+    try:
+        err = json.loads(raw).get("error")
+    except (ValueError, AttributeError):
+        err = None
+    if not isinstance(err, dict):
+        err = {"message": raw.decode(errors="replace")[:500] or "error"}
+    headers = {k: v for k, v in response.headers.items() if k.lower() not in ("content-length", "content-type")}
+    return openai_error(response.status_code, client_message(str(err.get("message", ""))),
+                        param=err.get("param") if isinstance(err.get("param"), str) else None, headers=headers)
 
 
 def build_fastapi_app(*, api_key: Optional[str], max_body_bytes: int, max_inputs: int):
@@ -36,8 +75,7 @@ def build_fastapi_app(*, api_key: Optional[str], max_body_bytes: int, max_inputs
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException):
         # e.g. the ingress's 404 for an unknown model: same schema as every other error
-        kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
-        return openai_error(exc.status_code, str(exc.detail), kind, "model" if exc.status_code == 404 else None)
+        return openai_error(exc.status_code, str(exc.detail), param="model" if exc.status_code == 404 else None)
 
     @app.exception_handler(RequestValidationError)
     async def schema_error(request: Request, exc: RequestValidationError):
@@ -47,7 +85,7 @@ def build_fastapi_app(*, api_key: Optional[str], max_body_bytes: int, max_inputs
         first = errors[0]
         field = ".".join(str(part) for part in first.get("loc", ()) if part != "body") or None
         where = f"field {field!r}" if field else "request body"
-        return openai_error(400, f"{where}: {first.get('msg', 'invalid value')}", "invalid_request_error", field)
+        return openai_error(400, f"{where}: {first.get('msg', 'invalid value')}", param=field)
 
     @app.middleware("http")
     async def guards(request: Request, call_next):
@@ -56,12 +94,15 @@ def build_fastapi_app(*, api_key: Optional[str], max_body_bytes: int, max_inputs
                 auth = request.headers.get("authorization", "")
                 given = auth[7:] if auth.lower().startswith("bearer ") else ""
                 if not given or not hmac.compare_digest(given.encode(), api_key.encode()):
-                    return openai_error(401, "missing or wrong API key: send 'Authorization: Bearer <key>'",
-                                        "authentication_error")
+                    return openai_error(401, "missing or wrong API key: send 'Authorization: Bearer <key>'")
             if request.method == "POST":
+                kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
+                if kind != "application/json":
+                    return openai_error(415, f"Content-Type {kind or '(none)'!r}: send the request as application/json",
+                                        param="Content-Type")
                 length = request.headers.get("content-length", "")
                 if length and not length.isdigit():
-                    return openai_error(400, f"Content-Length {length!r} is not a byte count", "invalid_request_error")
+                    return openai_error(400, f"Content-Length {length!r} is not a byte count", param="Content-Length")
                 # The declared length refuses a large body before it is read; the read body
                 # catches chunked uploads that declare none.
                 if length and int(length) > max_body_bytes:
@@ -72,15 +113,19 @@ def build_fastapi_app(*, api_key: Optional[str], max_body_bytes: int, max_inputs
                 if request.url.path == "/v1/embeddings":
                     problem = _input_problem(body, max_inputs)
                     if problem:
-                        return openai_error(400, problem, "invalid_request_error", "input")
+                        return openai_error(400, problem, param="input")
         return await call_next(request)
+
+    @app.middleware("http")  # added last: the outermost layer, it sees every response
+    async def one_error_shape(request: Request, call_next):
+        response = await call_next(request)
+        return await normalized_error(response) if request.url.path.startswith("/v1/") else response
 
     return app
 
 
 def _too_large(size: int, limit: int) -> JSONResponse:
-    return openai_error(413, f"request body of {size} bytes is larger than the limit of {limit} bytes",
-                        "invalid_request_error")
+    return openai_error(413, f"request body of {size} bytes is larger than the limit of {limit} bytes")
 
 
 def _input_problem(body: bytes, max_inputs: int) -> Optional[str]:
@@ -89,6 +134,8 @@ def _input_problem(body: bytes, max_inputs: int) -> Optional[str]:
         data = json.loads(body)
     except ValueError:
         return "request body is not valid JSON"
+    except RecursionError:  # json's parser recurses once per nesting level
+        return "request body nests JSON too deeply to parse"
     if not isinstance(data, dict):
         return "request body must be a JSON object"
     value = data.get("input")
@@ -116,8 +163,7 @@ class TernaryIngress(OpenAiIngress):
         try:
             return await super().embeddings(body, request)
         except BackPressureError:
-            return openai_error(503, "all replicas are at their queue limit; retry shortly", "overloaded_error",
-                                headers={"Retry-After": RETRY_AFTER_S})
+            return openai_error(503, "all replicas are at their queue limit; retry shortly")
 
     async def health(self) -> JSONResponse:
         async def check(handle) -> Optional[str]:

@@ -67,7 +67,9 @@ def resolved_config(path: Path, cwd: Path) -> dict:
         args = app.setdefault("args", {})
         if "model" in args and not Path(args["model"]).expanduser().is_absolute():
             args["model"] = str((cwd / args["model"]).resolve())
-        TernaryServeConfig.model_validate(args).check_model_dir()
+        cfg = TernaryServeConfig.model_validate(args)
+        cfg.check_model_dir()
+        cfg.check_exposure(str((config.get("http_options") or {}).get("host", "127.0.0.1")))
     return config
 
 

@@ -1,0 +1,116 @@
+"""The ingress's HTTP surface without a cluster (FastAPI's TestClient on the app the ingress builds):
+every refusal gets its 4xx in the one OpenAI error shape, and errors written by the layers below
+(Ray Serve LLM, vLLM's serving layer) are reshaped: code = the status, OpenAI's `type`, the field
+as `param`, a message without internals or request ids. Plus the closed-by-default rule."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+pytest.importorskip("ray.serve.llm")
+
+from fastapi.responses import JSONResponse  # noqa: E402
+from fastapi.testclient import TestClient  # noqa: E402
+from pydantic import BaseModel  # noqa: E402
+
+from deployments.ingress import build_fastapi_app, client_message  # noqa: E402
+
+KEY = "k-123"
+
+
+class Body(BaseModel):
+    model: str
+    input: list[str]
+
+
+def _client(api_key=KEY) -> TestClient:
+    app = build_fastapi_app(api_key=api_key, max_body_bytes=32768, max_inputs=4)
+
+    @app.post("/v1/embeddings")
+    async def embeddings(body: Body):
+        return {"data": body.input}
+
+    @app.post("/v1/wrapped")
+    async def wrapped():  # how Ray Serve LLM's handler writes an engine's 400
+        msg = ("Message: dimensions is not supported by this model (Request ID: 1f2e), Internal exception: "
+               "ray.llm._internal.serve.core.configs.openai_api_models.OpenAIHTTPException: ..., original exception: x")
+        return JSONResponse({"error": {"message": msg, "type": "OpenAIHTTPException", "param": None, "code": 400}}, 400)
+
+    @app.post("/v1/unavailable")
+    async def unavailable():
+        return JSONResponse({"error": {"message": "Internal Server Error", "type": "X", "code": 503}}, 503)
+
+    return TestClient(app)
+
+
+def _post(client, path="/v1/embeddings", body=None, content=None, key=KEY, kind="application/json"):
+    headers = {"Content-Type": kind, **({"Authorization": f"Bearer {key}"} if key else {})}
+    return client.post(path, content=content if content is not None else json.dumps(body), headers=headers)
+
+
+def _error(r, status):
+    assert r.status_code == status, r.text
+    err = r.json()["error"]
+    assert set(err) == {"message", "type", "param", "code"} and err["code"] == status, err
+    return err
+
+
+CASES = [  # (name, request kwargs, status, type, param, words in the message)
+    ("no key", dict(body={"model": "m", "input": ["a"]}, key=None), 401, "authentication_error", None, "API key"),
+    ("text/plain", dict(content="hello", kind="text/plain"), 415, "invalid_request_error", "Content-Type", "application/json"),
+    ("not JSON", dict(content="{nope"), 400, "invalid_request_error", "input", "not valid JSON"),
+    ("deep JSON", dict(content="[" * 10_000 + "]" * 10_000), 400, "invalid_request_error", "input", "too deeply"),
+    ("too large", dict(content=json.dumps({"model": "m", "input": ["w" * 40000]})), 413, "invalid_request_error", None, "limit of 32768"),
+    ("too many", dict(body={"model": "m", "input": ["a"] * 5}), 400, "invalid_request_error", "input", "at most 4"),
+    ("wrong type", dict(body={"model": "m", "input": "not a list"}), 400, "invalid_request_error", "input", "field 'input'"),
+    ("missing", dict(body={"input": ["a"]}), 400, "invalid_request_error", "model", "field 'model'"),
+]
+
+
+@pytest.mark.parametrize("name,kwargs,status,kind,param,words", CASES, ids=[c[0] for c in CASES])
+def test_refusals_in_one_openai_shape(name, kwargs, status, kind, param, words):
+    err = _error(_post(_client(), **kwargs), status)
+    assert err["type"] == kind and err["param"] == param and words in err["message"], err
+
+
+def test_lower_layers_errors_are_reshaped_without_internals():
+    err = _error(_post(_client(), "/v1/wrapped", body={}), 400)
+    assert err == {"message": "dimensions is not supported by this model", "type": "invalid_request_error",
+                   "param": None, "code": 400}
+
+
+def test_503_says_when_to_retry():
+    r = _post(_client(), "/v1/unavailable", body={})
+    assert _error(r, 503)["type"] == "server_error" and r.headers["retry-after"] == "1"
+
+
+def test_a_good_request_passes_untouched():
+    r = _post(_client(), body={"model": "m", "input": ["a", "b"]})
+    assert r.status_code == 200 and r.json() == {"data": ["a", "b"]}
+
+
+def test_client_message_keeps_plain_messages():
+    assert client_message("input must not be empty") == "input must not be empty"
+    assert client_message("too long (Request ID: x1)") == "too long"
+
+
+@pytest.mark.parametrize("host,key,opt_out,ok", [
+    ("127.0.0.1", None, False, True), ("::1", None, False, True), ("localhost", None, False, True),
+    ("0.0.0.0", None, False, False), ("10.1.2.3", None, False, False), ("0.0.0.0", "s3cr3t-key", False, True),
+    ("0.0.0.0", None, True, True)])
+def test_closed_by_default(monkeypatch, host, key, opt_out, ok):
+    from deployments.config import TernaryServeConfig
+
+    monkeypatch.delenv("TERNARY_API_KEY", raising=False)
+    cfg = TernaryServeConfig(model="m", api_key=key, allow_unauthenticated=opt_out)
+    if ok:
+        cfg.check_exposure(host)
+    else:
+        with pytest.raises(ValueError, match=r"no API key is set: export TERNARY_API_KEY=<key> on the cluster .*"
+                                             r"allow_unauthenticated: true"):
+            cfg.check_exposure(host)
+    monkeypatch.setenv("TERNARY_API_KEY", "from-env")
+    cfg.check_exposure(host)  # the key from the environment opens every host
+    assert "from-env" not in repr(cfg) and (key is None or key not in repr(cfg))
