@@ -375,7 +375,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     from ternary_plugin import ops
 
-    if not (torch.cuda.is_available() and ops.cuda_op_available()):
+    if not (torch.cuda.is_available() and ops.op_available()):
         print("needs a CUDA GPU and the built extension", file=sys.stderr)
         return 2
     ops.ensure_op_registered()

@@ -81,6 +81,7 @@ def llm_config(cfg: TernaryServeConfig):
             "max_queued_requests": cfg.max_queued_requests,
             "health_check_period_s": cfg.health_check_period_s,
             "health_check_timeout_s": cfg.health_check_timeout_s,
+            "graceful_shutdown_timeout_s": cfg.graceful_shutdown_timeout_s,
         },
     )
 

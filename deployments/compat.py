@@ -80,3 +80,94 @@ def serve_http_host() -> str | None:
     except ValueError:
         return None
     return ray.get(controller.get_http_config.remote(), timeout=30).host
+
+
+def error_response(message: str, code: int, type_: str):
+    """An ``ErrorResponse`` as the LLMServer yields it to the ingress (which answers with its code):
+    Ray Serve LLM's ``ErrorResponse``/``ErrorInfo`` in ``core.configs.openai_api_models`` (both versions)."""
+    from ray.llm._internal.serve.core.configs.openai_api_models import ErrorInfo, ErrorResponse
+
+    return ErrorResponse(error=ErrorInfo(message=message, type=type_, code=code))
+
+
+def engine_is_dead(client) -> bool:
+    """Whether vLLM's engine client has died (``AsyncLLM.errored``: vLLM 0.25.1 and 0.32)."""
+    return bool(getattr(client, "errored", False))
+
+
+def bind_replica_grpc_to_node_ip() -> bool:
+    """Serve replicas start an inter-deployment gRPC server on ``[::]:0``: every interface of the
+    machine, whatever the cluster's address (Ray 2.57.1 and 2.60: ``Replica._on_initialized`` calls
+    ``add_port_to_grpc_server(server, "[::]:0")``, with no setting to change it). Callers reach a
+    replica at its node's IP (the replica's ``node_ip`` and that port), so binding that IP alone
+    serves the same callers and nothing else: 127.0.0.1 on a loopback cluster, the node's address on
+    a real one. Applied in every replica process that imports our deployments (they import this
+    module before the replica initializes); a no-op where Ray's internals differ. Returns whether
+    the patch is in place."""
+    try:
+        from ray.serve._private import replica
+    except ImportError:
+        return False
+    original = getattr(replica, "add_port_to_grpc_server", None)
+    if original is None:
+        return False
+    if getattr(original, "_ternary_node_ip", False):
+        return True
+
+    def add_port_on_node_ip(server, address):
+        if isinstance(address, str) and address.startswith("[::]:"):
+            import ray
+
+            ip = ray.util.get_node_ip_address()
+            address = f"[{ip}]:{address[5:]}" if ":" in ip else f"{ip}:{address[5:]}"
+        return original(server, address)
+
+    add_port_on_node_ip._ternary_node_ip = True
+    replica.add_port_to_grpc_server = add_port_on_node_ip
+    return True
+
+
+def running_replicas(app: str, deployment: str) -> dict[str, str]:
+    """Replica id -> node id of every alive replica actor of a deployment, from Ray's state API (which
+    asks the dashboard). Serve names its replica actors ``SERVE_REPLICA::app#deployment#id`` with the
+    class name ``ServeReplica:app:deployment`` (both Ray versions)."""
+    from ray.util.state import list_actors
+
+    actors = list_actors(filters=[("class_name", "=", f"ServeReplica:{app}:{deployment}"), ("state", "=", "ALIVE")],
+                         limit=10_000, raise_on_missing_output=False)
+    prefix = replica_actor_name(app, deployment, "")
+    return {a.name[len(prefix):]: a.node_id for a in actors if a.name and a.name.startswith(prefix)}
+
+
+def dead_nodes_of(app: str, deployment: str) -> list[str]:
+    """Ids of the dead nodes that hosted replicas of a deployment (its replica actors in any state,
+    from Ray's state API, on nodes ``ray.nodes()`` reports not alive)."""
+    import ray
+    from ray.util.state import list_actors
+
+    dead = {n["NodeID"] for n in ray.nodes() if not n["Alive"]}
+    actors = list_actors(filters=[("class_name", "=", f"ServeReplica:{app}:{deployment}")], limit=10_000,
+                         raise_on_missing_output=False)
+    return sorted({a.node_id for a in actors if a.node_id in dead})
+
+
+def run_worker_node(gcs_address: str, num_cpus: int, temp_dir: str, metrics_port: int) -> None:
+    """Join this machine to the cluster at ``gcs_address`` as one more Ray node, on 127.0.0.1, and
+    block until SIGTERM (then its processes stop with this one). ``ray start --address`` refuses to
+    join while RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 and, with it 1, rewrites 127.0.0.1 to the
+    machine's interface address; Ray's own test clusters (``ray.cluster_utils.Cluster.add_node``)
+    start a ``ray._private.node.Node`` instead, as this does (both Ray versions)."""
+    import signal
+    import threading
+
+    from ray._private.node import Node
+    from ray._private.parameter import RayParams
+
+    params = RayParams(gcs_address=gcs_address, num_cpus=num_cpus, temp_dir=temp_dir, node_ip_address="127.0.0.1",
+                       metrics_export_port=metrics_port, min_worker_port=0, max_worker_port=0, node_manager_port=0)
+    node = Node(params, head=False, shutdown_at_exit=True, spawn_reaper=True)
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    stop.wait()
+    node.kill_all_processes(check_alive=False, allow_graceful=True)

@@ -78,8 +78,11 @@ class TernaryServeConfig(BaseModel):
     autoscaling: Autoscaling = Field(default_factory=Autoscaling)
     max_ongoing_requests: int = Field(64, ge=1, description="requests a replica works on at once")
     max_queued_requests: int = Field(-1, ge=-1, description="requests waiting per deployment before 503 (-1: no bound)")
-    health_check_period_s: float = Field(10, gt=0)
+    health_check_period_s: float = Field(10, gt=0, description="Serve replaces a replica after 3 failed checks in a row")
     health_check_timeout_s: float = Field(30, gt=0)
+    graceful_shutdown_timeout_s: float = Field(
+        30, ge=0, description="a replica leaving (scale-down, replacement) finishes its in-flight requests for up "
+        "to this long; Serve routes no new ones to it")
     api_key: Optional[SecretStr] = Field(
         None, description="Bearer key clients must send; better left out of the file (it is stored with the Serve "
         "config): the key is then read from the variable api_key_env names, on the cluster")

@@ -14,10 +14,13 @@ from typing import Optional
 from fastapi import Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
+from ray.exceptions import ActorUnavailableError, RayActorError
 from ray.serve.exceptions import BackPressureError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from deployments import compat
+
+compat.bind_replica_grpc_to_node_ip()  # loopback means loopback (see compat)
 
 OpenAiIngress, init, EmbeddingRequest = compat.ingress_base()
 
@@ -164,6 +167,8 @@ class TernaryIngress(OpenAiIngress):
             return await super().embeddings(body, request)
         except BackPressureError:
             return openai_error(503, "all replicas are at their queue limit; retry shortly")
+        except (RayActorError, ActorUnavailableError):  # the replica itself died or is being replaced
+            return openai_error(503, "the replica serving this request went away; retry shortly")
 
     async def health(self) -> JSONResponse:
         async def check(handle) -> Optional[str]:

@@ -36,6 +36,13 @@ class ClusterOptions:
     # cpus_per_worker; 8 leaves room for autoscaled replicas on a 2-core machine.
     num_cpus: int = 8
     deploy: bool = False
+    # More Ray nodes on this machine (`ray start --address`, each with its own temp dir and
+    # num_cpus CPUs): a multi-node cluster for tests and demos, replicas placed across nodes.
+    worker_nodes: int = 0
+
+    def node_temp_dir(self, i: int) -> Path:
+        """Node 0 is the head."""
+        return self.temp_dir if i == 0 else Path(f"{self.temp_dir}-node{i}")
 
 
 def shipped_configs() -> dict[str, Path]:
@@ -147,6 +154,28 @@ class LocalCluster:
         wait_until(f"the Ray head at {self.address}", 120,
                    lambda: subprocess.run([*ray_cli(), "status", "--address", self.address], env=env,
                                           capture_output=True).returncode == 0, self.log)
+        for i in range(1, self.opts.worker_nodes + 1):
+            node_dir = self.opts.node_temp_dir(i)
+            node_dir.mkdir(parents=True, exist_ok=True)
+            cmd = [sys.executable, "-c", "import sys; from deployments import compat; compat.run_worker_node("
+                   "sys.argv[1], int(sys.argv[2]), sys.argv[3], int(sys.argv[4]))",
+                   self.address, str(self.opts.num_cpus), str(node_dir), str(self.opts.metrics_port + i)]
+            with open(f"{node_dir}.log", "w") as log:
+                self.procs.append(subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT))
+        if self.opts.worker_nodes:
+            want = self.opts.worker_nodes + 1
+            wait_until(f"{want} Ray nodes at {self.address}", 120, lambda: self._alive_nodes(env) >= want, self.log)
+
+    def _alive_nodes(self, env) -> int:
+        """Alive nodes as the GCS sees them (a driver of its own: this process stays Ray-free)."""
+        code = ("import ray, sys; ray.init(address=sys.argv[1], logging_level='ERROR', log_to_driver=False); "
+                "print(sum(1 for n in ray.nodes() if n['Alive']))")
+        try:
+            out = subprocess.run([sys.executable, "-c", code, self.address], env=env, capture_output=True, text=True,
+                                 timeout=60).stdout.strip().splitlines()
+        except subprocess.TimeoutExpired:
+            return 0
+        return int(out[-1]) if out and out[-1].isdigit() else 0
 
     def serve(self, config_path: Path) -> subprocess.Popen:
         """``serve run`` (or ``serve deploy``, then wait) of the resolved config on this cluster."""
@@ -171,9 +200,9 @@ class LocalCluster:
             if proc.poll() is None:
                 proc.terminate()
         time.sleep(2)
-        marker = f"{self.opts.temp_dir}/session"
         for sig in ("-TERM", "-KILL"):
-            subprocess.run(["pkill", sig, "-f", "--", marker], capture_output=True)
+            for i in range(self.opts.worker_nodes, -1, -1):
+                subprocess.run(["pkill", sig, "-f", "--", f"{self.opts.node_temp_dir(i)}/session"], capture_output=True)
             time.sleep(3)
         # Replica and proxy workers exit on their own once the raylet is gone (seen: up to ~60 s).
         port = http_port(self.config)

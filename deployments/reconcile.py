@@ -43,18 +43,41 @@ def driver_env(address: str) -> None:
             os.environ.setdefault(var.name, var.default)
 
 
+def node_names() -> dict[str, str]:
+    """Ray node id -> a name an operator can find: "<ip> node <first 8 of the id>" (several nodes can
+    share an IP, as on a one-machine test cluster)."""
+    import ray
+
+    return {n["NodeID"]: f"{n['NodeManagerAddress']} node {n['NodeID'][:8]}" for n in ray.nodes()}
+
+
 def live(address: str, app: str | None, timeout: float, restart_bad: bool, progress: dict | None = None):
-    """Ask every replica of every TernaryLLMServer deployment for its ranks' report and compare
-    each with the checkpoint. `progress["step"]` says what it is doing (for a timeout's message)."""
+    """Connect to the cluster at ``address``, then ask every RUNNING replica of every TernaryLLMServer deployment, on every node, for its ranks'
+    report and compare each with the checkpoint. The replicas (and their nodes) are listed from
+    Ray's state first; Serve routes each call to some replica, so the job asks until every listed
+    replica answered or the timeout passed, and names each one that did not, with its node.
+    `progress["step"]` says what it is doing (for a timeout's message)."""
     progress = {} if progress is None else progress
     progress["step"] = f"ray.init(address={address!r})"
     driver_env(address)
+    import ray
+
+    ray.init(address=address, namespace="serve", logging_level="ERROR", log_to_driver=False)
+    return reconcile_cluster(app, timeout, restart_bad, progress)
+
+
+def reconcile_cluster(app: str | None, timeout: float, restart_bad: bool, progress: dict | None = None,
+                      expected_cache: dict | None = None):
+    """The job's work in a process already connected to the cluster (the CLI's driver, or the
+    periodic reconciler's replica). ``expected_cache`` keeps the checkpoint's expected digests
+    between runs."""
     import ray
     from ray import serve
 
     from ternary_plugin.reconcile import Expected, compare_rank
 
-    ray.init(address=address, namespace="serve", logging_level="ERROR", log_to_driver=False)
+    progress = {} if progress is None else progress
+    expected_cache = {} if expected_cache is None else expected_cache
     rows, unreachable = [], []
     targets = []
     progress["step"] = "serve.status()"
@@ -63,26 +86,43 @@ def live(address: str, app: str | None, timeout: float, restart_bad: bool, progr
             continue
         for dep_name, dep in app_status.deployments.items():
             if dep_name.startswith(DEPLOYMENT_PREFIX):
-                targets.append((app_name, dep_name, int(dep.replica_states.get("RUNNING", 0))))
+                targets.append((app_name, dep_name, int(dep.replica_states.get("RUNNING", 0)),
+                                str(getattr(dep.status, "value", dep.status))))
     if not targets:
         unreachable.append(f"no {DEPLOYMENT_PREFIX}* deployment found" + (f" in application {app!r}" if app else ""))
-    expected_cache = {}
-    for app_name, dep_name, running in targets:
-        progress["step"] = f"{app_name}/{dep_name}: ternary_shards() of {running} replica(s)"
+    nodes = node_names()
+    for app_name, dep_name, running, status in targets:
+        progress["step"] = f"{app_name}/{dep_name}: listing its replicas"
+        listed = compat.running_replicas(app_name, dep_name)  # replica id -> node id
+        if not listed:
+            unreachable.append(f"{app_name}/{dep_name}: no running replica")
+            continue
+        progress["step"] = f"{app_name}/{dep_name}: ternary_shards() of {len(listed)} replica(s)"
         handle = serve.get_deployment_handle(dep_name, app_name)
-        reports, deadline = {}, time.time() + timeout
-        # Serve routes each call to some replica: ask until every RUNNING replica answered.
-        while len(reports) < running and time.time() < deadline:
+        reports, errors, deadline = {}, [], time.time() + timeout
+        while set(listed) - set(reports) and time.time() < deadline:
             try:
-                rep = handle.ternary_shards.remote().result(timeout_s=max(1.0, deadline - time.time()))
-            except Exception as exc:  # a dead engine, a replica going away, a timeout: all "unreachable"
-                unreachable.append(f"{app_name}/{dep_name}: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}")
-                break
-            reports[rep["replica"]] = rep
-        if len(reports) < running and not unreachable:
-            unreachable.append(f"{app_name}/{dep_name}: {running - len(reports)} of {running} replicas did not answer in {timeout:.0f} s")
+                rep = handle.ternary_shards.remote().result(timeout_s=max(1.0, min(30.0, deadline - time.time())))
+                reports[rep["replica"]] = rep
+            except Exception as exc:  # a dead engine, a replica or node going away, a timeout
+                errors.append(f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0][:200]}")
+                time.sleep(0.5)
+        for replica in sorted(set(listed) - set(reports)):
+            node = nodes.get(listed[replica], listed[replica])
+            why = f"; last error: {errors[-1]}" if errors else ""
+            unreachable.append(f"{app_name}/{dep_name}: replica {replica} on {node} did not answer in "
+                               f"{timeout:.0f} s{why}")
+        if not set(listed) - set(reports) and (len(reports) < running or status != "HEALTHY"):
+            # Fewer replicas than Serve counts, or a deployment not at its target: a replica lost with
+            # its node (killed before or while the job listed them) cannot be vouched for; name the node.
+            dead = [nodes.get(n, n) for n in compat.dead_nodes_of(app_name, dep_name)]
+            if dead or len(reports) < running:
+                unreachable.append(f"{app_name}/{dep_name} ({status}): {len(reports)} of {running} "
+                                   "RUNNING replica(s) answered" + (f"; lost with dead node(s): {', '.join(dead)}"
+                                                                   if dead else ""))
         bad_replicas = set()
         for replica, rep in reports.items():
+            node = nodes.get(rep.get("node_id", ""), rep.get("node_id", "?"))
             tp = max(int(r["tp_size"]) for r in rep["ranks"])
             key = (rep["model_dir"], tp)
             if key not in expected_cache:
@@ -90,16 +130,65 @@ def live(address: str, app: str | None, timeout: float, restart_bad: bool, progr
                 expected_cache[key] = Expected(Path(rep["model_dir"]), tp)
             progress["step"] = f"expected digests of replica {replica} from {rep['model_dir']}"
             for rank_report in sorted(rep["ranks"], key=lambda r: r["tp_rank"]):
-                new = compare_rank(expected_cache[key], replica, rank_report)
+                new = compare_rank(expected_cache[key], replica, rank_report, node=node)
                 rows += new
                 if any(r.status != "OK" for r in new):
                     bad_replicas.add(replica)
         if restart_bad:
-            for replica in bad_replicas:
+            for replica in sorted(bad_replicas):
                 actor = ray.get_actor(compat.replica_actor_name(app_name, dep_name, replica), namespace="serve")
                 ray.kill(actor, no_restart=True)  # Serve starts a replacement
                 print(f"restarting replica {replica} of {app_name}/{dep_name}")
     return rows, unreachable
+
+
+GAUGES = {
+    "shards_checked": "layer shards compared in the last run",
+    "mismatches": "layer shards that differ from the checkpoint in the last run",
+    "unreachable": "replicas or deployments that did not answer in the last run",
+    "last_exit_code": "the last run's exit code (0 all match, 1 a mismatch, 2 something unreachable)",
+    "last_run_timestamp_seconds": "Unix time the last run started",
+    "last_success_timestamp_seconds": "Unix time of the last run in which every shard matched",
+}
+
+
+def run_periodic(*, every_s: float, address: str, app: str | None, timeout: float, json_path: Path | None) -> None:
+    """The job every ``every_s`` seconds, until stopped: each run's table and summary printed (the
+    Ray Job's logs when submitted as one), its JSON written, and its result set on Prometheus gauges
+    (``ternary_reconcile_*``, exported by the node's metrics agent next to Serve's own). Why a
+    long-running job rather than a Serve deployment: it is the same driver code as the one-shot
+    job, with no blocking calls inside a replica, and `ray job submit` / `ray job stop` start and
+    stop it. A run that hangs past its bound ends the process with 2 (the job shows as failed)."""
+    from ternary_plugin.reconcile import OK, report_json, summarize, table
+
+    driver_env(address)
+    import ray
+    from ray.util.metrics import Gauge
+
+    ray.init(address=address, namespace="serve", logging_level="ERROR", log_to_driver=False)
+    gauges = {name: Gauge(f"ternary_reconcile_{name}", description=why) for name, why in GAUGES.items()}
+    expected_cache: dict = {}
+
+    def hung(why: str) -> None:
+        print(f"FAIL: {why}", flush=True)
+        os._exit(2)
+
+    while True:
+        started = time.time()
+        rows, unreachable = bounded(lambda progress: reconcile_cluster(app, timeout, False, progress, expected_cache),
+                                    timeout + 60, hung)
+        code, line = summarize(rows, unreachable)
+        print(table(rows))
+        print(line, flush=True)
+        if json_path:
+            json_path.write_text(report_json(rows, unreachable, code, line))
+        values = {"shards_checked": len(rows), "mismatches": sum(r.status != "OK" for r in rows),
+                  "unreachable": len(unreachable), "last_exit_code": code, "last_run_timestamp_seconds": started}
+        if code == OK:
+            values["last_success_timestamp_seconds"] = started
+        for name, value in values.items():
+            gauges[name].set(value)
+        time.sleep(max(0.0, every_s - (time.time() - started)))
 
 
 def bounded(fn, seconds: float, on_timeout, *args):

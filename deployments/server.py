@@ -8,6 +8,8 @@ from ray.serve.llm.deployment import LLMServer
 
 from deployments import compat
 
+compat.bind_replica_grpc_to_node_ip()  # loopback means loopback (see compat)
+
 
 class PluginMissingError(RuntimeError):
     """A vLLM worker of this replica serves a ternary model without the plugin."""
@@ -24,7 +26,27 @@ def check_worker_status(statuses: list[dict]) -> None:
         )
 
 
+ENGINE_DEAD_MESSAGE = "this replica's engine stopped; Serve is replacing the replica: retry shortly"
+
+
 class TernaryLLMServer(LLMServer):
+    async def embeddings(self, request, raw_request_info=None):
+        """Ray Serve LLM's embeddings, with a request that meets a dead engine answered as 503 (the
+        ingress adds Retry-After): the replica is about to be replaced, a retry will be served.
+        Without this it is a 500, as if the request were at fault."""
+        stream = await super().embeddings(request, raw_request_info)
+        return self._unavailable_when_engine_dead(stream)
+
+    async def _unavailable_when_engine_dead(self, stream):
+        try:
+            async for item in stream:
+                yield item
+        except Exception:
+            client = compat.engine_client(self)
+            if client is not None and not compat.engine_is_dead(client):
+                raise
+            yield compat.error_response(ENGINE_DEAD_MESSAGE, 503, "ServiceUnavailable")
+
     def _client(self):
         client = compat.engine_client(self)
         if client is None:
@@ -42,6 +64,7 @@ class TernaryLLMServer(LLMServer):
     async def ternary_shards(self) -> dict:
         """This replica's per-rank report (reconciliation job): which replica, then every
         rank's ternary layers with the digest of their logical content."""
+        import ray
         from ray import serve
 
         ctx = serve.get_replica_context()
@@ -49,6 +72,7 @@ class TernaryLLMServer(LLMServer):
             "replica": ctx.replica_id.unique_id,
             "app": ctx.app_name,
             "deployment": ctx.deployment,
+            "node_id": ray.get_runtime_context().get_node_id(),
             "model_dir": self._llm_config.model_loading_config.model_source,
             "ranks": await self._client().collective_rpc("ternary_report"),
         }

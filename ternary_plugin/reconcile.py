@@ -28,6 +28,7 @@ class Row:
     layer: str
     status: str  # OK | MISMATCH | MISSING | NO_PLUGIN | FLOAT_WEIGHT
     detail: str = ""
+    node: str = ""  # where the replica runs (live jobs)
 
 
 class Expected:
@@ -54,7 +55,7 @@ class Expected:
         return self._cache[key]
 
 
-def compare_rank(expected: Expected, replica: str, report: dict) -> list[Row]:
+def compare_rank(expected: Expected, replica: str, report: dict, node: str = "") -> list[Row]:
     """Rows for one rank's report (worker_ext.TernaryWorkerExtension.ternary_report)."""
     rank = int(report["tp_rank"])
     rows: list[Row] = []
@@ -82,6 +83,8 @@ def compare_rank(expected: Expected, replica: str, report: dict) -> list[Row]:
     for name in expected.plans:
         if name not in seen:
             rows.append(Row(replica, rank, name, "MISSING", "no such ternary layer on this rank"))
+    for row in rows:
+        row.node = node
     return rows
 
 
@@ -99,9 +102,11 @@ def summarize(rows: list[Row], unreachable: list[str]) -> tuple[int, str]:
     bad = [r for r in rows if r.status != "OK"]
     replicas = sorted({r.replica for r in rows})
     ranks = sorted({(r.replica, r.rank) for r in rows})
+    nodes = sorted({r.node for r in rows if r.node})
     code = UNREACHABLE if unreachable else (MISMATCH if bad else OK)
     line = (
-        f"{'PASS' if code == OK else 'FAIL'}: {len(replicas)} replica(s), {len(ranks)} rank(s), "
+        f"{'PASS' if code == OK else 'FAIL'}: {len(replicas)} replica(s)"
+        + (f" on {len(nodes)} node(s)" if nodes else "") + f", {len(ranks)} rank(s), "
         f"{sum(1 for r in rows if r.status == 'OK')} layer shard(s) match, {len(bad)} do not"
         + (f"; unreachable: {'; '.join(unreachable)}" if unreachable else "")
     )
@@ -109,9 +114,11 @@ def summarize(rows: list[Row], unreachable: list[str]) -> tuple[int, str]:
 
 
 def table(rows: list[Row]) -> str:
-    out = [f"{'replica':24s} {'rank':>4s} {'status':12s} layer"]
+    width = max([len(r.node) for r in rows] + [4])
+    out = [f"{'replica':24s} {'node':{width}s} {'rank':>4s} {'status':12s} layer"]
     for r in rows:
-        out.append(f"{r.replica[:24]:24s} {r.rank:>4d} {r.status:12s} {r.layer}" + (f"  ({r.detail})" if r.detail else ""))
+        out.append(f"{r.replica[:24]:24s} {r.node:{width}s} {r.rank:>4d} {r.status:12s} {r.layer}"
+                   + (f"  ({r.detail})" if r.detail else ""))
     return "\n".join(out)
 
 

@@ -44,14 +44,14 @@ def derived_config(base: str, path, **args) -> str:
     return str(path)
 
 
-def start_serve(config: str, log_path, env_extra=None, timeout_s: float = 420, deploy: bool = False):
+def start_serve(config: str, log_path, env_extra=None, timeout_s: float = 420, deploy: bool = False, extra_args=()):
     """The cluster's processes get the repository root on PYTHONPATH, so that replicas can import
     tests/support (a test's config may name its classes); relative model paths are taken from the
     repository root (the working directory)."""
     env = dict(os.environ, TERNARY_API_KEY=KEY, PYTHONPATH=str(REPO), **(env_extra or {}))
     cmd = [sys.executable, "-m", "ternary_plugin.cli", "serve", str(config), "--ray-port", "6391",
            "--dashboard-port", "8266", "--metrics-port", str(METRICS_PORT), "--temp-dir", RAY_TMP,
-           *(["--deploy"] if deploy else [])]
+           *(["--deploy"] if deploy else []), *extra_args]
     log = open(log_path, "w")
     proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     deadline = time.time() + timeout_s
@@ -99,11 +99,52 @@ def offline_embeddings(model_dir, texts, out_json, tp=1):
 
 
 @contextlib.contextmanager
-def serving(config: str, log_dir, env_extra=None):
+def serving(config: str, log_dir, env_extra=None, extra_args=(), timeout_s: float = 420):
     """`ternary-serve serve CONFIG` for the duration of a with-block; yields the model directory."""
     model = ensure_model()
-    proc = start_serve(config, log_dir / "serve.log", env_extra=env_extra)
+    proc = start_serve(config, log_dir / "serve.log", env_extra=env_extra, extra_args=extra_args, timeout_s=timeout_s)
+    RUNNING["proc"] = proc
     try:
         yield model
     finally:
+        RUNNING.pop("proc", None)
         stop_serve(proc)
+
+
+RUNNING: dict[str, subprocess.Popen] = {}  # the `ternary-serve serve` of the current serving() block
+
+
+def listening_sockets(session_id: int) -> list[tuple[str, int, int]]:
+    """(address, port, pid) of every TCP socket in LISTEN state owned by a process of the session
+    ``session_id`` (`ternary-serve serve` starts its cluster in a session of its own), as `ss -ltnp`
+    lists them, read from /proc."""
+    import ipaddress
+    import socket
+    from pathlib import Path
+
+    inodes = {}
+    for table, family in (("/proc/net/tcp", socket.AF_INET), ("/proc/net/tcp6", socket.AF_INET6)):
+        for line in Path(table).read_text().splitlines()[1:]:
+            fields = line.split()
+            if fields[3] != "0A":  # LISTEN
+                continue
+            hex_ip, hex_port = fields[1].split(":")
+            raw = bytes.fromhex(hex_ip)
+            # /proc writes each 32-bit word in host (little-endian) order
+            raw = b"".join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4))
+            inodes[fields[9]] = (str(ipaddress.ip_address(raw)), int(hex_port, 16))
+    found = []
+    for proc_dir in Path("/proc").iterdir():
+        if not proc_dir.name.isdigit():
+            continue
+        try:
+            stat = (proc_dir / "stat").read_text()
+            if int(stat.rsplit(")", 1)[1].split()[3]) != session_id:  # field 6: the session id
+                continue
+            for fd in (proc_dir / "fd").iterdir():
+                target = os.readlink(fd)
+                if target.startswith("socket:[") and target[8:-1] in inodes:
+                    found.append((*inodes[target[8:-1]], int(proc_dir.name)))
+        except (OSError, ValueError, IndexError):
+            continue  # a process that ended while we looked
+    return sorted(set(found))

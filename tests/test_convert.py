@@ -103,7 +103,6 @@ def test_bin_checkpoint_is_read(tiny_bert, tmp_path):
     """pytorch_model.bin sources convert to the same bytes as safetensors ones."""
     import shutil
 
-    import torch
     from safetensors.torch import load_file
 
     src = tmp_path / "bin"

@@ -16,7 +16,7 @@ from ternary_plugin import ops
 pytestmark = pytest.mark.gpu
 if not torch.cuda.is_available():
     pytest.skip("no CUDA device: run on the lent GPU machine (pytest -m gpu)", allow_module_level=True)
-if not ops.cuda_op_available():
+if not ops.op_available():
     pytest.skip(f"CUDA op not built: {ops._state.get('why')}", allow_module_level=True)
 ops.ensure_op_registered()
 

@@ -12,7 +12,7 @@ import httpx
 import pytest
 import torch
 
-from tests.serve_helpers import BASE, KEY, MODEL, offline_embeddings, post, serving
+from tests.serve_helpers import BASE, KEY, MODEL, RUNNING, listening_sockets, offline_embeddings, post, serving
 
 pytest.importorskip("ray.serve.llm")
 pytestmark = pytest.mark.vllm
@@ -108,3 +108,17 @@ def test_burst_of_200_at_concurrency_32(server):
     codes = asyncio.run(run())
     assert len(codes) == 200
     assert codes.count(200) == 200, {c: codes.count(c) for c in set(codes)}
+
+
+def test_every_socket_of_the_cluster_listens_on_loopback_only(server):
+    """cpu.yaml binds HTTP to 127.0.0.1 and the local cluster runs on 127.0.0.1: no process of it
+    listens beyond loopback (before the fix the replicas' inter-deployment gRPC servers listened on
+    [::], reaching the machine's external address)."""
+    import ipaddress
+
+    sockets = listening_sockets(RUNNING["proc"].pid)
+    assert any(port == 8000 for _, port, _ in sockets), sockets  # the cluster's own sockets were found
+    wide = [s for s in sockets if not ipaddress.ip_address(s[0]).is_loopback
+            and not (ipaddress.ip_address(s[0]).version == 6 and ipaddress.ip_address(s[0]).ipv4_mapped
+                     and ipaddress.ip_address(s[0]).ipv4_mapped.is_loopback)]
+    assert wide == [], f"listening beyond loopback: {wide} (of {len(sockets)} sockets)"

@@ -61,7 +61,7 @@ stage_setup() {
   TERNARY_CUDA_ARCHS=${TERNARY_CUDA_ARCHS:-90a} TERNARY_BUILD_CUDA=1 python3 -m pip install -q --no-deps \
     --no-build-isolation -e . > "$LOGS/build.log" 2>&1 || { tail -40 "$LOGS/build.log"; return 1; }
   echo "build + install: $(( $(date +%s) - t )) s"
-  python3 -c "import ternary_plugin.ops as o; assert o.cuda_op_available(), o._state; print('op loaded')"
+  python3 -c "import ternary_plugin.ops as o; assert o.op_available(), o._state; print('op loaded')"
 }
 
 stage_kernel() {
@@ -125,7 +125,7 @@ ncu_cases() {
       python3 - "$m" "$k" "$n" "$path" > "$LOGS/ncu-$tag-$name-m$m.txt" 2>&1 <<'EOF2'
 import sys, torch
 from ternary_plugin import format as fmt, ops
-assert ops.cuda_op_available(), ops._state
+assert ops.op_available(), ops._state
 m, k, n, path = (int(a) for a in sys.argv[1:5])
 packed = ops.pad_packed_rows(fmt.pack_ternary(torch.randint(-1, 2, (n, k), dtype=torch.int8))).cuda()
 scale = (torch.rand(n, fmt.scale_cols(k, 128)) * 0.05 + 0.01).half().cuda()

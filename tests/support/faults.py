@@ -41,5 +41,15 @@ class FaultInjectingWorkerExtension(TernaryWorkerExtension):
 
 
 class FaultInjectingServer(TernaryLLMServer):
-    async def ternary_inject_fault(self, layer_suffix: str, kind: str, rank: int) -> list:
-        return await compat.engine_client(self).collective_rpc("ternary_inject_fault", args=(layer_suffix, kind, rank))
+    async def ternary_inject_fault(self, layer_suffix: str, kind: str, rank: int, node_id: str | None = None) -> dict:
+        """Corrupt the layer on tp rank ``rank`` of this replica, if it runs on ``node_id`` (any node
+        where None). Serve routes each call to some replica: callers repeat until one applied it."""
+        import ray
+        from ray import serve
+
+        here = ray.get_runtime_context().get_node_id()
+        applied = None
+        if node_id is None or node_id == here:
+            names = await compat.engine_client(self).collective_rpc("ternary_inject_fault", args=(layer_suffix, kind, rank))
+            applied = next((n for n in names if n), None)
+        return {"replica": serve.get_replica_context().replica_id.unique_id, "node_id": here, "layer": applied}

@@ -1,0 +1,216 @@
+// torch.ops.ternary_serve.gemm on CPU: y[M, N] = x[M, K] @ W^T + bias, W[n, k] = code(n, k) *
+// scale[n, (k_offset + k) / block_size], fp32 accumulation, y in x's dtype (the format:
+// docs/quant_format.md; the reference: ternary_plugin.ops.reference_linear; the schema:
+// csrc/ternary_schema.cpp). Here: the input checks, the choice of regime by M, the threads; the
+// AVX-512 code and its tiling drawn out are in ternary_cpu_kernels.cpp.
+//
+// Small M (M <= small_m_max()): the packed weights are streamed once, decoded in registers /
+// L1 and multiplied against x held in cache (small_m_bf16 / small_m_f32), W row tiles spread
+// over torch's intra-op threads.
+//
+// Large M: a tile of W rows x all of K dequantized with its scales (dequantize_rows_*) into a
+// buffer of <= kTileBytes a thread, multiplied by all of x with at::mm_out into y's columns
+// (oneDNN's bf16 / MKL's fp32 GEMM), the tiles spread over the threads: never a whole-layer or
+// cached copy of W.
+//
+//            x [M, K]                 W tile t [rows, K]^T        y [M, N]
+//   +--------------------+        +----+----+----+          +----+----+----+
+//   |                    |   @    | t0 | t1 | .. |    ->    | t0 | t1 | .. |   (columns of y)
+//   +--------------------+        +----+----+----+          +----+----+----+
+//
+// The CPU without the kernel's instructions (cpu_kernel_isa() == "") is told so by the op; the
+// plugin (ternary_plugin/ops.py) asks first and takes the reference there.
+
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdlib>
+#include <string>
+
+#include "ternary_cpu.h"
+
+namespace ternary_cpu {
+namespace {
+
+// Largest M of the small-M kernel, measured on the 2-core AMD EPYC (Zen 4, avx512_bf16, no AMX;
+// shared with other work, 1 thread, times in ms, small-M kernel / tile + GEMM, both forced with
+// TERNARY_CPU_SMALL_M_MAX):
+//   bf16 x  Qwen3-0.6B gate_up (K 1024, N 6144): M 8 1.53 / 2.51, M 16 3.04 / 3.52, M 32 5.47 / 4.31
+//           down (K 3072, N 1024): M 16 1.16 / 1.61, M 32 2.25 / 1.66; MiniLM up (384, 1536):
+//           M 16 0.32 / 0.33, M 32 0.62 / 0.42; o (384, 384): M 16 0.082 / 0.068
+//   fp32 x  gate_up: M 32 5.90 / 8.11, M 64 13.2 / 13.2; down: M 32 3.52 / 3.60, M 64 6.53 / 8.54;
+//           MiniLM up: M 32 0.59 / 0.67, M 64 1.31 / 1.12; o: M 32 0.18 / 0.13
+// bf16 loses past 16 (the GEMM runs near the dpbf16 peak, the fused kernel pays its per-block
+// scale-and-add), fp32 past 32 (MKL's fp32 GEMM is further from its peak). TERNARY_CPU_SMALL_M_MAX
+// (read once per process) overrides both.
+constexpr int64_t kSmallMMaxBf16 = 16;
+constexpr int64_t kSmallMMaxF32 = 32;
+// The large-M tile's dequantized bytes a thread: about one L2 (1 MB a core on Zen 4), its rows
+// a multiple of 64 (oneDNN's N blocking). Against 512 KB in multiples of 16 rows: even to 5 %
+// better on the Qwen3-0.6B layers at M 128-512, bf16, 1 thread (Qwen3 down M 512: 16.0 vs 17.1 ms).
+constexpr int64_t kTileBytes = 1024 * 1024;
+
+int64_t env_int(const char* name, int64_t fallback) {
+  const char* e = std::getenv(name);
+  return e ? std::atoll(e) : fallback;
+}
+
+// TERNARY_CPU_SMALL_M_MAX, read once per process, overrides both dtypes' threshold.
+int64_t small_m_max(bool bf16) {
+  static const int64_t forced = env_int("TERNARY_CPU_SMALL_M_MAX", -1);
+  return forced >= 0 ? forced : bf16 ? kSmallMMaxBf16 : kSmallMMaxF32;
+}
+
+// Messages built as one std::string (see the note on c10's stream in csrc/ternary_ops.cpp).
+void append(std::string& s, const char* v) { s += v; }
+void append(std::string& s, int64_t v) { s += std::to_string(v); }
+void append(std::string& s, c10::ScalarType v) { s += c10::toString(v); }
+void append(std::string& s, c10::IntArrayRef v) {
+  s += "[";
+  for (size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + std::to_string(v[i]);
+  s += "]";
+}
+template <typename... A>
+std::string cat(const A&... parts) {
+  std::string s;
+  (append(s, parts), ...);
+  return s;
+}
+#define CHECK_ARG(cond, ...)                                                           \
+  do {                                                                                 \
+    if (!(cond)) {                                                                     \
+      const std::string ternary_msg_ = cat("ternary_serve::gemm (CPU): ", __VA_ARGS__); \
+      TORCH_CHECK(false, ternary_msg_);                                                \
+    }                                                                                  \
+  } while (0)
+
+// The instruction set the CPU kernel runs with on this machine, "" where it cannot run.
+std::string kernel_isa() {
+  static const bool ok = cpu_supported();
+  return ok ? "avx512_bf16" : "";
+}
+
+torch::Tensor gemm_cpu(const torch::Tensor& x,                  // [M, K] fp32 / bf16 / fp16
+                       const torch::Tensor& packed_in,          // [N, ldp] uint8, ldp >= ceil(K/4)
+                       const torch::Tensor& scale_in,           // [N, lds] fp16
+                       const std::optional<torch::Tensor>& bias,  // [N] x.dtype, or None
+                       int64_t block_size, int64_t k_offset, bool /*pdl: a CUDA launch option*/) {
+  CHECK_ARG(!kernel_isa().empty(), "this CPU lacks the AVX-512 (f, bw, vl, dq, vbmi, bf16) the kernel needs ",
+            "(or is not x86-64); ",
+            "use ternary_plugin.ops.ternary_linear, which takes the reference path here");
+  CHECK_ARG(x.device().is_cpu() && packed_in.device().is_cpu() && scale_in.device().is_cpu(),
+            "x, packed and scale must be CPU tensors");
+  CHECK_ARG(x.dim() == 2, "x must be 2-D [M, K], got shape ", x.sizes());
+  const auto dt = x.scalar_type();
+  CHECK_ARG(dt == at::kFloat || dt == at::kBFloat16 || dt == at::kHalf, "x must be float32, bfloat16 or float16, got ",
+            dt);
+  CHECK_ARG(packed_in.dim() == 2 && packed_in.scalar_type() == at::kByte, "packed must be a 2-D uint8 tensor [N, ",
+            "ceil(K/4)], got ", packed_in.scalar_type(), " of shape ", packed_in.sizes());
+  CHECK_ARG(scale_in.dim() == 2 && scale_in.scalar_type() == at::kHalf, "scale must be a 2-D float16 tensor [N, ",
+            "ceil((k_offset + K)/block_size)], got ", scale_in.scalar_type(), " of shape ", scale_in.sizes());
+  CHECK_ARG(block_size > 0, "block_size must be positive, got ", block_size);
+  CHECK_ARG(k_offset >= 0 && k_offset < block_size, "k_offset must be in [0, block_size=", block_size, "), got ",
+            k_offset);
+  const int64_t M = x.size(0), K = x.size(1), N = packed_in.size(0);
+  const int64_t need_p = (K + 3) / 4, need_s = (k_offset + K + block_size - 1) / block_size;
+  CHECK_ARG(packed_in.size(1) >= need_p, "packed has shape ", packed_in.sizes(), ": ", packed_in.size(1),
+            " bytes a row, needs ceil(K/4) = ", need_p, " for K=", K, " (x has shape ", x.sizes(), ")");
+  CHECK_ARG(scale_in.size(0) == N && scale_in.size(1) >= need_s, "scale has shape ", scale_in.sizes(),
+            ", needs [N=", N, ", >= ", need_s, "] for K=", K, ", block_size=", block_size, ", k_offset=", k_offset);
+  if (bias) {
+    CHECK_ARG(bias->device().is_cpu() && bias->dim() == 1 && bias->size(0) == N && bias->scalar_type() == dt,
+              "bias must be a CPU tensor [N=", N, "] in x's dtype ", dt, ", got ", bias->scalar_type(), " of shape ",
+              bias->sizes());
+  }
+  auto y = torch::empty({M, N}, x.options());
+  if (M == 0 || N == 0) return y;
+  if (K == 0) return bias ? y.copy_(bias->unsqueeze(0).expand({M, N})) : y.zero_();
+#ifdef TERNARY_CPU_KERNELS
+  const torch::Tensor packed = packed_in.contiguous(), scale = scale_in.contiguous();
+  const torch::Tensor bias_f = bias ? bias->to(at::kFloat).contiguous() : torch::Tensor();  // [N] fp32
+  const Plan plan = make_plan(K, block_size, k_offset);
+  const int64_t ldp = packed.size(1);
+  // row N - 1, zero-padded by 8 bytes: a chunk may read 7 bytes past a row (Problem::row)
+  const auto last_row = torch::zeros({ldp + 8}, packed.options());
+  last_row.narrow(0, 0, ldp).copy_(packed[N - 1]);
+  const Problem p{M,
+                  N,
+                  K,
+                  packed.data_ptr<uint8_t>(),
+                  ldp,
+                  reinterpret_cast<const uint16_t*>(scale.data_ptr<at::Half>()),
+                  scale.size(1),
+                  bias ? bias_f.data_ptr<float>() : nullptr,
+                  &plan,
+                  last_row.data_ptr<uint8_t>()};
+  const bool bf16 = dt == at::kBFloat16;
+  const int64_t kc = (K + kChunk - 1) / kChunk * kChunk;  // K in whole chunks: the padded buffers' rows
+
+  if (M <= small_m_max(bf16)) {
+    // x once, zero-padded to whole chunks (fp16 widened to fp32): [M, kc] bf16 / fp32
+    const auto xin = torch::zeros({M, kc}, x.options().dtype(bf16 ? at::kBFloat16 : at::kFloat));
+    xin.narrow(1, 0, K).copy_(x);
+    const auto yf = dt == at::kFloat ? y : torch::empty({M, N}, x.options().dtype(at::kFloat));  // [M, N] fp32
+    at::parallel_for(0, (N + kRows - 1) / kRows, 1, [&](int64_t t0, int64_t t1) {
+      if (bf16) {
+        small_m_bf16(p, reinterpret_cast<const uint16_t*>(xin.data_ptr<at::BFloat16>()), kc, yf.data_ptr<float>(), t0,
+                     t1);
+      } else {
+        small_m_f32(p, xin.data_ptr<float>(), kc, yf.data_ptr<float>(), t0, t1);
+      }
+    });
+    if (dt != at::kFloat) y.copy_(yf);
+    return y;
+  }
+
+  // fp16 x multiplies in fp32: oneDNN's fp16 GEMM wants AVX512-FP16, and bf16 would round x.
+  const auto cdt = bf16 ? at::kBFloat16 : at::kFloat;
+  const torch::Tensor xc = x.to(cdt);                                                                 // [M, K]
+  const torch::Tensor yc = dt == at::kHalf ? torch::empty({M, N}, x.options().dtype(at::kFloat)) : y;  // [M, N]
+  const torch::Tensor bc = bias ? (dt == at::kHalf ? bias_f : *bias) : torch::Tensor();                // [N]
+  // Tiles spread over the threads, each thread dequantizing its own tile and running its GEMM
+  // single-threaded (OpenMP does not nest): one dequantize + GEMM pair a tile, no barrier
+  // between them. Threading each GEMM instead, tile after tile, made 2 threads slower than 1
+  // (MiniLM up M 64 bf16: 0.77 vs 0.47 ms; Qwen3 down M 64: 4.0 vs 3.0 ms).
+  const int64_t threads = at::get_num_threads();
+  const int64_t fit = std::max<int64_t>(64, kTileBytes / (kc * (bf16 ? 2 : 4)) / 64 * 64);
+  const int64_t rows = std::min(fit, ((N + threads - 1) / threads + 15) / 16 * 16);  // >= `threads` tiles
+  const int64_t tiles = (N + rows - 1) / rows;
+  at::parallel_for(0, tiles, 1, [&](int64_t t0, int64_t t1) {
+    // the worker threads start with fresh dispatch state: this is inference below autograd
+    const at::AutoDispatchBelowADInplaceOrView below_autograd;
+    const auto tile = torch::empty({rows, kc}, x.options().dtype(cdt));  // [rows, kc], this thread's
+    for (int64_t t = t0; t < t1; ++t) {
+      const int64_t n0 = t * rows, nt = std::min(rows, N - n0);
+      if (bf16) {
+        dequantize_rows_bf16(p, n0, nt, reinterpret_cast<uint16_t*>(tile.data_ptr<at::BFloat16>()), kc);
+      } else {
+        dequantize_rows_f32(p, n0, nt, tile.data_ptr<float>(), kc);
+      }
+      const torch::Tensor w = tile.narrow(0, 0, nt).narrow(1, 0, K);  // [nt, K], row stride kc
+      auto out = yc.narrow(1, n0, nt);                                 // [M, nt], row stride N
+      if (bias) at::addmm_out(out, bc.narrow(0, n0, nt), xc, w.t());
+      else at::mm_out(out, xc, w.t());
+    }
+  });
+  if (dt == at::kHalf) y.copy_(yc);
+  return y;
+#else
+  CHECK_ARG(false, "the CPU kernel is built for x86-64 only");
+  return y;
+#endif
+}
+
+}  // namespace
+}  // namespace ternary_cpu
+
+TORCH_LIBRARY_FRAGMENT(ternary_serve, m) {
+  // "avx512_bf16" where this CPU runs the kernel, "" where it cannot (ternary_plugin.ops asks
+  // once, before taking the kernel)
+  m.def("cpu_kernel_isa() -> str", [] { return ternary_cpu::kernel_isa(); });
+}
+
+TORCH_LIBRARY_IMPL(ternary_serve, CPU, m) { m.impl("gemm", &ternary_cpu::gemm_cpu); }

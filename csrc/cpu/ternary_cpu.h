@@ -1,0 +1,71 @@
+// The CPU kernel's pieces shared by the op (ternary_cpu.cpp: checks, regimes, threads) and the
+// AVX-512 code (ternary_cpu_kernels.cpp, no torch headers: it compiles in seconds).
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+// The kernels exist for x86-64 (gcc / clang target attributes); elsewhere only cpu_supported()
+// (false) and make_plan.
+#if defined(__x86_64__) && defined(__GNUC__)
+#define TERNARY_CPU_KERNELS 1
+#endif
+
+namespace ternary_cpu {
+
+constexpr int64_t kRows = 4;     // W rows a small-M task decodes once and runs every x row over
+constexpr int64_t kChunk = 32;   // weights a decode covers: 8 packed bytes
+constexpr int64_t kPiece = 1024; // weights of K a small-M task decodes before running x over them
+
+// A run of local columns inside one scale block and one piece: chunks [c0, c1), the first and
+// last masked to the segment's lanes (bit i: column 32c + i belongs to it). Chunks cut by a
+// segment boundary (k_offset or block_size not multiples of 32, the end of K) appear in both.
+struct Segment {
+  int64_t block;                    // scale column: (k_offset + first column) / block_size
+  int64_t c0, c1;
+  uint32_t first_lanes, last_lanes;
+};
+struct Piece {
+  int64_t s0, s1;   // segments [s0, s1)
+  int64_t entries;  // chunks of its segments, counted once per segment
+};
+// The segmentation of K: a function of K, block_size and k_offset only, shared by every row.
+struct Plan {
+  std::vector<Segment> segments;
+  std::vector<Piece> pieces;
+  int64_t max_entries = 0, max_segments = 0;  // of one piece
+};
+Plan make_plan(int64_t K, int64_t block_size, int64_t k_offset);
+
+struct Problem {
+  int64_t M, N, K;
+  const uint8_t* packed;   // [N, ldp] uint8 codes, ldp >= ceil(K/4)
+  int64_t ldp;
+  const uint16_t* scale;   // [N, lds] fp16 bits, lds >= ceil((k_offset + K)/block_size)
+  int64_t lds;
+  const float* bias;       // [N] fp32, or nullptr
+  const Plan* plan;
+  const uint8_t* last_row; // row N - 1 of packed, zero-padded to >= 8 * ceil(K/32) bytes
+
+  // Row n's codes; a chunk may read up to 7 bytes past a row's ldp (see chunk_bits).
+  const uint8_t* row(int64_t n) const { return n == N - 1 ? last_row : packed + n * ldp; }
+};
+
+// Whether this CPU runs the kernels below (cpuid: avx512 f/bw/vl/dq/vbmi/bf16, f16c, fma).
+bool cpu_supported();
+
+#ifdef TERNARY_CPU_KERNELS
+// Small M: W row tiles [t0, t1) of kRows rows each, y[m, n] = sum + bias in fp32.
+//   xb: [M, ldx] bf16 bits, x zero-padded to whole chunks (ldx >= 32 * ceil(K/32))
+//   xf: [M, ldx] fp32, the same
+//   y:  [M, N] fp32
+void small_m_bf16(const Problem& p, const uint16_t* xb, int64_t ldx, float* y, int64_t t0, int64_t t1);
+void small_m_f32(const Problem& p, const float* xf, int64_t ldx, float* y, int64_t t0, int64_t t1);
+
+// Large M: W rows [n0, n0 + rows) dequantized (value(code) * scale) into tile rows [0, rows).
+//   tile: [rows, ldt] bf16 bits / fp32, ldt >= 32 * ceil(K/32); columns past K left as they were
+void dequantize_rows_bf16(const Problem& p, int64_t n0, int64_t rows, uint16_t* tile, int64_t ldt);
+void dequantize_rows_f32(const Problem& p, int64_t n0, int64_t rows, float* tile, int64_t ldt);
+#endif
+
+}  // namespace ternary_cpu

@@ -1,0 +1,413 @@
+// The CPU kernel's AVX-512 code (AVX512-F/BW/VL/DQ, VBMI, BF16), compiled with per-function
+// target attributes: the library builds with default flags and loads on any x86-64, and
+// ternary_cpu.cpp calls in here only where cpu_supported() says this CPU has them.
+//
+// Decoding (decode_bf16 / decode_f32_half, the one decoder of both regimes): a chunk is 32
+// weights of a row, its 8 packed bytes broadcast to the 8 qwords of a zmm. vpmultishiftqb puts
+// bits [2i, 2i+8) of the row under lane i's low byte (the others zeroed), so the lane's low bits
+// are code i followed by the next codes; vpermw / vpermps index a 32 / 16-entry table with them,
+// every entry e holding value(e & 3): the lookup ignores the following codes and reads the
+// reserved code 11 as 0, as format.unpack_ternary does. 3 instructions per 32 weights; a zeroing
+// mask clears the lanes outside the segment being decoded.
+//
+// Small M: a task owns kRows = 4 W rows; x (M rows, padded to whole chunks) stays in cache.
+//
+//        K --> piece 0 (kPiece = 1024 weights)              piece 1 ...
+//        +--------+--------+--------+--- ... ---+--------+---------
+//  4 W   | seg    | seg    | seg    |           |        |             segment = one scale block
+//  rows  | blk 0  | blk 1  | blk 2  |           |        |             (inside one piece)
+//        +--------+--------+--------+--- ... ---+--------+---------
+//   x rows, MT at a time (bf16: 2, fp32: 4):   sum[4 rows][MT] zmm, fp32
+//     bf16 x: acc[4][MT] = vdpbf16ps(x, codes +-1) over a segment's chunks (exact products,
+//             fp32 sums), then sum += acc * scale once a segment, as the reference weighs a
+//             block: fp32 accumulation and one fp32 product per block
+//     fp32 x: sum += x * (+-scale) with vfmadd (fp16 scale * +-1 is exact in fp32)
+//   The first group of x rows decodes the piece from the packed bytes and, where more groups
+//   follow, keeps it in wbuf ([4, entries, 32], 8 KB bf16 / 16 KB fp32: L1); the others read
+//   wbuf. The sums wait in tot ([4, M, 16] fp32) between pieces; each is reduced across its 16
+//   lanes once, at the end.
+//
+// Large M: dequantize_rows_* writes a tile of W rows (value * scale) for ternary_cpu.cpp's GEMM.
+
+#include "ternary_cpu.h"
+
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+#ifdef TERNARY_CPU_KERNELS
+#include <immintrin.h>
+// gcc 12's AVX-512 headers start many intrinsics from an `undefined` register and warn about it
+// where they are inlined: a false positive of the headers.
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#define TERNARY_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vbmi,avx512bf16,fma,f16c")))
+#endif
+
+namespace ternary_cpu {
+
+namespace {
+uint32_t lanes_from(int64_t lo) { return ~0u << lo; }                       // lo in [0, 32)
+uint32_t lanes_below(int64_t hi) { return hi == 32 ? ~0u : (1u << hi) - 1; }  // hi in [1, 32]
+}  // namespace
+
+Plan make_plan(int64_t K, int64_t block_size, int64_t k_offset) {
+  Plan p;
+  int64_t j = 0;  // local column
+  while (j < K) {
+    Piece piece{static_cast<int64_t>(p.segments.size()), 0, 0};
+    const int64_t piece_end = std::min(K, (j / kPiece + 1) * kPiece);
+    while (j < piece_end) {
+      const int64_t block = (k_offset + j) / block_size;
+      const int64_t j1 = std::min(piece_end, (block + 1) * block_size - k_offset);
+      const int64_t c0 = j / kChunk, c1 = (j1 - 1) / kChunk + 1;
+      p.segments.push_back({block, c0, c1, lanes_from(j - c0 * kChunk), lanes_below(j1 - (c1 - 1) * kChunk)});
+      piece.entries += c1 - c0;
+      j = j1;
+    }
+    piece.s1 = static_cast<int64_t>(p.segments.size());
+    p.max_entries = std::max(p.max_entries, piece.entries);
+    p.max_segments = std::max(p.max_segments, piece.s1 - piece.s0);
+    p.pieces.push_back(piece);
+  }
+  return p;
+}
+
+#ifdef TERNARY_CPU_KERNELS
+
+bool cpu_supported() {
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
+         __builtin_cpu_supports("avx512vbmi") && __builtin_cpu_supports("avx512bf16") &&
+         __builtin_cpu_supports("f16c") && __builtin_cpu_supports("fma");
+}
+
+namespace {
+
+// Packed bytes [8c, 8c + 8) of a row: a row's last chunk may end past its ldp bytes, inside the
+// next row (its lanes past K are masked off), and the last row is read from Problem::last_row,
+// a copy padded to whole chunks, so no chunk reads past the tensor. One plain load: a branch
+// to a byte-wise tail copy here made gcc keep every accumulator in memory (4x slower at M 2).
+inline uint64_t chunk_bits(const uint8_t* row, int64_t c) {
+  uint64_t v;
+  std::memcpy(&v, row + c * 8, 8);
+  return v;
+}
+
+// The lane's code bits for vpermw: control byte 2w of qword l selects bit 8l + 2w = 2i (lane
+// i = 4l + w), the odd bytes (the words' high halves) are zeroed.
+TERNARY_AVX512 inline __m512i ctrl_w16() {
+  return _mm512_set_epi8(0, 62, 0, 60, 0, 58, 0, 56, 0, 54, 0, 52, 0, 50, 0, 48, 0, 46, 0, 44, 0, 42, 0, 40, 0, 38, 0,
+                         36, 0, 34, 0, 32, 0, 30, 0, 28, 0, 26, 0, 24, 0, 22, 0, 20, 0, 18, 0, 16, 0, 14, 0, 12, 0, 10,
+                         0, 8, 0, 6, 0, 4, 0, 2, 0, 0);
+}
+constexpr __mmask64 kWordLowBytes = 0x5555555555555555ull;
+
+// The same for vpermps, weights 16h .. 16h + 15: dword d of qword l (d = 2l, 2l + 1) takes bits
+// 32h + 2d from control bytes 0 and 4 of the qword.
+TERNARY_AVX512 inline __m512i ctrl_f32(int h) {
+  const __m512i lo = _mm512_set_epi8(0, 0, 0, 30, 0, 0, 0, 28, 0, 0, 0, 26, 0, 0, 0, 24, 0, 0, 0, 22, 0, 0, 0, 20, 0, 0,
+                                     0, 18, 0, 0, 0, 16, 0, 0, 0, 14, 0, 0, 0, 12, 0, 0, 0, 10, 0, 0, 0, 8, 0, 0, 0, 6,
+                                     0, 0, 0, 4, 0, 0, 0, 2, 0, 0, 0, 0);
+  return _mm512_add_epi32(lo, _mm512_set1_epi32(32 * h));
+}
+constexpr __mmask64 kDwordLowBytes = 0x1111111111111111ull;
+
+// vpermw table: entry e = value(e & 3) as the bf16 bits 0, plus, minus, 0.
+TERNARY_AVX512 inline __m512i table_w16(uint16_t plus, uint16_t minus) {
+  return _mm512_set1_epi64(static_cast<long long>(uint64_t{plus} << 16 | uint64_t{minus} << 32));
+}
+// vpermps table: entry e = value(e & 3) * s.
+TERNARY_AVX512 inline __m512 table_f32(float s) { return _mm512_setr4_ps(0.f, s, -s, 0.f); }
+
+// 32 weights as bf16 table entries; lanes outside `lanes` are 0.
+TERNARY_AVX512 inline __m512i decode_bf16(uint64_t bits, uint32_t lanes, __m512i ctrl, __m512i table) {
+  const __m512i idx = _mm512_maskz_multishift_epi64_epi8(kWordLowBytes, ctrl, _mm512_set1_epi64(static_cast<long long>(bits)));
+  return _mm512_maskz_permutexvar_epi16(lanes, idx, table);
+}
+// Weights 16h .. 16h + 15 of a chunk as fp32 table entries (ctrl = ctrl_f32(h), lanes16 = the
+// chunk's lanes >> 16h).
+TERNARY_AVX512 inline __m512 decode_f32_half(uint64_t bits, uint32_t lanes16, __m512i ctrl, __m512 table) {
+  const __m512i idx = _mm512_maskz_multishift_epi64_epi8(kDwordLowBytes, ctrl, _mm512_set1_epi64(static_cast<long long>(bits)));
+  return _mm512_maskz_permutexvar_ps(static_cast<__mmask16>(lanes16), idx, table);
+}
+
+TERNARY_AVX512 inline float half_to_float(uint16_t h) { return _cvtsh_ss(h); }
+
+uint16_t bf16_round(float v) {  // round to nearest even (finite v: scales are finite and > 0)
+  uint32_t u;
+  std::memcpy(&u, &v, 4);
+  return static_cast<uint16_t>((u + 0x7FFF + ((u >> 16) & 1)) >> 16);
+}
+
+inline uint32_t chunk_lanes(const Segment& seg, int64_t c) {
+  uint32_t lanes = ~0u;
+  if (c == seg.c0) lanes &= seg.first_lanes;
+  if (c == seg.c1 - 1) lanes &= seg.last_lanes;
+  return lanes;
+}
+
+// Where a group of x rows takes the piece's weights from.
+enum class Src { kDecode, kDecodeKeep, kBuffer };  // decode; decode and keep in wbuf; read wbuf
+
+// The tile's W rows (a missing row of the last tile points at zeros: codes 0, scales 0).
+struct Rows {
+  const uint8_t* packed[kRows];  // Problem::row(n) each
+  const uint16_t* scale[kRows];  // [lds] each
+};
+
+// One piece, x rows [m0, m0 + MT), bf16 x.
+//   sc: [kRows, S] fp32 scales of the piece's S segments; wbuf: [kRows, E, 32] bf16 codes of the
+//   piece; xb: [M, ldx] bf16; tot: [kRows, M, 16] fp32
+template <int MT, Src SRC>
+TERNARY_AVX512 void group_bf16(const Plan& plan, const Piece& piece, const Rows& rows, const float* sc,
+                               uint16_t* wbuf, int64_t E, const uint16_t* xb, int64_t ldx, int64_t M, int64_t m0,
+                               float* tot, bool first) {
+  const __m512i ctrl = ctrl_w16(), codes = table_w16(0x3F80, 0xBF80);  // bf16 +1, -1
+  __m512 sum[kRows][MT];
+  for (int r = 0; r < kRows; ++r)
+    for (int i = 0; i < MT; ++i) sum[r][i] = first ? _mm512_setzero_ps() : _mm512_loadu_ps(tot + (r * M + m0 + i) * 16);
+  int64_t e = 0;  // the chunk's entry in wbuf
+  for (int64_t s = piece.s0; s < piece.s1; ++s) {
+    const Segment seg = plan.segments[s];
+    __m512 acc[kRows][MT];
+    for (int r = 0; r < kRows; ++r)
+      for (int i = 0; i < MT; ++i) acc[r][i] = _mm512_setzero_ps();
+    for (int64_t c = seg.c0; c < seg.c1; ++c, ++e) {
+      __m512bh xv[MT];
+      for (int i = 0; i < MT; ++i) xv[i] = (__m512bh)_mm512_loadu_si512(xb + (m0 + i) * ldx + c * kChunk);
+      const uint32_t lanes = chunk_lanes(seg, c);
+      for (int r = 0; r < kRows; ++r) {
+        uint16_t* keep = wbuf + (r * E + e) * kChunk;
+        __m512i w;
+        if constexpr (SRC == Src::kBuffer) {
+          w = _mm512_loadu_si512(keep);
+        } else {
+          w = decode_bf16(chunk_bits(rows.packed[r], c), lanes, ctrl, codes);
+          if constexpr (SRC == Src::kDecodeKeep) _mm512_storeu_si512(keep, w);
+        }
+        for (int i = 0; i < MT; ++i) acc[r][i] = _mm512_dpbf16_ps(acc[r][i], xv[i], (__m512bh)w);
+      }
+    }
+    for (int r = 0; r < kRows; ++r) {
+      const __m512 scale = _mm512_set1_ps(sc[r * (piece.s1 - piece.s0) + (s - piece.s0)]);
+      for (int i = 0; i < MT; ++i) sum[r][i] = _mm512_fmadd_ps(acc[r][i], scale, sum[r][i]);
+    }
+  }
+  for (int r = 0; r < kRows; ++r)
+    for (int i = 0; i < MT; ++i) _mm512_storeu_ps(tot + (r * M + m0 + i) * 16, sum[r][i]);
+}
+
+// One piece, x rows [m0, m0 + MT), fp32 x.
+//   sc: [kRows, S] fp32 scales; wbuf: [kRows, E, 32] fp32 weights (+-scale, 0); xf: [M, ldx] fp32; tot: [kRows, M, 16] fp32
+template <int MT, Src SRC>
+TERNARY_AVX512 void group_f32(const Plan& plan, const Piece& piece, const Rows& rows, const float* sc, float* wbuf,
+                              int64_t E, const float* xf, int64_t ldx, int64_t M, int64_t m0, float* tot, bool first) {
+  const __m512i ctrl[2] = {ctrl_f32(0), ctrl_f32(1)};
+  __m512 sum[kRows][MT];
+  for (int r = 0; r < kRows; ++r)
+    for (int i = 0; i < MT; ++i) sum[r][i] = first ? _mm512_setzero_ps() : _mm512_loadu_ps(tot + (r * M + m0 + i) * 16);
+  int64_t e = 0;
+  for (int64_t s = piece.s0; s < piece.s1; ++s) {
+    const Segment seg = plan.segments[s];
+    __m512 table[kRows];
+    if constexpr (SRC != Src::kBuffer)
+      for (int r = 0; r < kRows; ++r) table[r] = table_f32(sc[r * (piece.s1 - piece.s0) + (s - piece.s0)]);
+    for (int64_t c = seg.c0; c < seg.c1; ++c, ++e) {
+      const uint32_t lanes = chunk_lanes(seg, c);
+      uint64_t bits[kRows];
+      if constexpr (SRC != Src::kBuffer)
+        for (int r = 0; r < kRows; ++r) bits[r] = chunk_bits(rows.packed[r], c);
+      for (int h = 0; h < 2; ++h) {
+        __m512 xv[MT];
+        for (int i = 0; i < MT; ++i) xv[i] = _mm512_loadu_ps(xf + (m0 + i) * ldx + c * kChunk + h * 16);
+        for (int r = 0; r < kRows; ++r) {
+          float* keep = wbuf + (r * E + e) * kChunk + h * 16;
+          __m512 w;
+          if constexpr (SRC == Src::kBuffer) {
+            w = _mm512_loadu_ps(keep);
+          } else {
+            w = decode_f32_half(bits[r], lanes >> (16 * h), ctrl[h], table[r]);
+            if constexpr (SRC == Src::kDecodeKeep) _mm512_storeu_ps(keep, w);
+          }
+          for (int i = 0; i < MT; ++i) sum[r][i] = _mm512_fmadd_ps(xv[i], w, sum[r][i]);
+        }
+      }
+    }
+  }
+  for (int r = 0; r < kRows; ++r)
+    for (int i = 0; i < MT; ++i) _mm512_storeu_ps(tot + (r * M + m0 + i) * 16, sum[r][i]);
+}
+
+// The lane sums of 16 vectors v[0..15] as one vector (element i = sum of v[i]'s lanes): pairs
+// of vectors, then pairs of pairs, are added lane-interleaved, then the 128-bit quarters: 45
+// instructions for 16 sums, where one reduction a vector took ~8 each, too many next to the
+// 4 x 12 chunks of a MiniLM-sized (K = 384) row tile.
+TERNARY_AVX512 inline __m512 lane_sums16(const __m512* v) {
+  __m512 t[8], w[4];
+  for (int i = 0; i < 8; ++i)  // quarter q: (a0+a2, b0+b2, a1+a3, b1+b3) of v[2i], v[2i+1]
+    t[i] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * i], v[2 * i + 1]), _mm512_unpackhi_ps(v[2 * i], v[2 * i + 1]));
+  for (int i = 0; i < 4; ++i) {  // quarter q: the quarter sums of v[4i .. 4i+3]
+    const __m512d a = _mm512_castps_pd(t[2 * i]), b = _mm512_castps_pd(t[2 * i + 1]);
+    w[i] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(a, b)), _mm512_castpd_ps(_mm512_unpackhi_pd(a, b)));
+  }
+  // quarters (0+1, 2+3) of w[0], w[1]: then (0+1+2+3) of w[0..3], w[i] in quarter i
+  const __m512 x0 = _mm512_add_ps(_mm512_shuffle_f32x4(w[0], w[1], 0x88), _mm512_shuffle_f32x4(w[0], w[1], 0xDD));
+  const __m512 x1 = _mm512_add_ps(_mm512_shuffle_f32x4(w[2], w[3], 0x88), _mm512_shuffle_f32x4(w[2], w[3], 0xDD));
+  return _mm512_add_ps(_mm512_shuffle_f32x4(x0, x1, 0x88), _mm512_shuffle_f32x4(x0, x1, 0xDD));
+}
+
+// y[m, n0 .. n0 + 3] = lane sums of tot[r, m] + bias, 4 x rows at a time (16 sums a reduction).
+//   tot: [kRows, M, 16] fp32; y: [M, N] fp32
+TERNARY_AVX512 void store_sums(const Problem& p, const float* tot, int64_t n0, float* y) {
+  static_assert(kRows == 4, "lane_sums16 takes 4 x rows of 4 W rows");
+  const int64_t rows = std::min<int64_t>(kRows, p.N - n0);
+  const __mmask8 valid = static_cast<__mmask8>((1u << rows) - 1);
+  const __m128 bias = p.bias ? _mm_maskz_loadu_ps(valid, p.bias + n0) : _mm_setzero_ps();
+  for (int64_t m0 = 0; m0 < p.M; m0 += 4) {
+    __m512 v[16];  // v[4 i + r] = tot[r, m0 + i]
+    for (int i = 0; i < 4; ++i)
+      for (int r = 0; r < kRows; ++r)
+        v[4 * i + r] = m0 + i < p.M ? _mm512_load_ps(tot + (r * p.M + m0 + i) * 16) : _mm512_setzero_ps();
+    alignas(64) float sums[16];
+    _mm512_store_ps(sums, lane_sums16(v));
+    for (int i = 0; i < 4 && m0 + i < p.M; ++i)
+      _mm_mask_storeu_ps(y + (m0 + i) * p.N + n0, valid, _mm_add_ps(_mm_load_ps(sums + 4 * i), bias));
+  }
+}
+
+// Zeroed scratch whose data() is 64-byte aligned: a zmm load that straddles two cache lines
+// costs two on Zen 4, which made the kernel's loop 2x slower (4.6 vs 2.4 ns a chunk, 1 thread).
+template <typename T>
+class Scratch {
+ public:
+  explicit Scratch(size_t n) : bytes_(n * sizeof(T) + 64, 0) {}
+  T* data() { return reinterpret_cast<T*>((reinterpret_cast<uintptr_t>(bytes_.data()) + 63) & ~uintptr_t{63}); }
+
+ private:
+  std::vector<unsigned char> bytes_;
+};
+
+// Tiles [t0, t1): per tile, every piece through every x-row group, then y = lane sums + bias.
+template <typename W, typename Piecewise>
+TERNARY_AVX512 void small_m_tiles(const Problem& p, float* y, int64_t t0, int64_t t1, Piecewise piecewise) {
+  const Plan& plan = *p.plan;
+  Scratch<W> wbuf(kRows * plan.max_entries * kChunk);
+  Scratch<float> tot(kRows * p.M * 16);
+  Scratch<float> sc(kRows * plan.max_segments);
+  const std::vector<uint8_t> zero_packed(p.ldp + 8, 0);  // as long as last_row
+  const std::vector<uint16_t> zero_scale(p.lds, 0);
+  for (int64_t t = t0; t < t1; ++t) {
+    const int64_t n0 = t * kRows;
+    Rows rows;
+    for (int64_t r = 0; r < kRows; ++r) {
+      const bool real = n0 + r < p.N;
+      rows.packed[r] = real ? p.row(n0 + r) : zero_packed.data();
+      rows.scale[r] = real ? p.scale + (n0 + r) * p.lds : zero_scale.data();
+    }
+    for (size_t q = 0; q < plan.pieces.size(); ++q) {
+      const Piece& piece = plan.pieces[q];
+      // fp32 scales of the piece's segments, [kRows, S]: converted once, not once a group
+      for (int64_t r = 0; r < kRows; ++r)
+        for (int64_t s = piece.s0; s < piece.s1; ++s)
+          sc.data()[r * (piece.s1 - piece.s0) + (s - piece.s0)] = half_to_float(rows.scale[r][plan.segments[s].block]);
+      piecewise(piece, rows, sc.data(), wbuf.data(), tot.data(), q == 0);
+    }
+    store_sums(p, tot.data(), n0, y);
+  }
+}
+
+}  // namespace
+
+void small_m_bf16(const Problem& p, const uint16_t* xb, int64_t ldx, float* y, int64_t t0, int64_t t1) {
+  const Plan& plan = *p.plan;
+  small_m_tiles<uint16_t>(p, y, t0, t1, [&](const Piece& piece, const Rows& rows, const float* sc,
+                                                     uint16_t* wbuf, float* tot, bool first) {
+    const int64_t E = piece.entries;
+    // 2 x rows a group: 4 x 2 accumulators and 4 x 2 sums, with the x and weight registers, fit the 32 zmm
+    for (int64_t m0 = 0; m0 < p.M; m0 += 2) {
+      const bool two = p.M - m0 >= 2;
+      const Src src = p.M <= 2 ? Src::kDecode : m0 == 0 ? Src::kDecodeKeep : Src::kBuffer;
+#define TERNARY_GROUP(MT, SRC) group_bf16<MT, SRC>(plan, piece, rows, sc, wbuf, E, xb, ldx, p.M, m0, tot, first)
+      if (src == Src::kDecode) two ? TERNARY_GROUP(2, Src::kDecode) : TERNARY_GROUP(1, Src::kDecode);
+      else if (src == Src::kDecodeKeep) two ? TERNARY_GROUP(2, Src::kDecodeKeep) : TERNARY_GROUP(1, Src::kDecodeKeep);
+      else two ? TERNARY_GROUP(2, Src::kBuffer) : TERNARY_GROUP(1, Src::kBuffer);
+#undef TERNARY_GROUP
+    }
+  });
+}
+
+void small_m_f32(const Problem& p, const float* xf, int64_t ldx, float* y, int64_t t0, int64_t t1) {
+  const Plan& plan = *p.plan;
+  small_m_tiles<float>(p, y, t0, t1, [&](const Piece& piece, const Rows& rows, const float* sc,
+                                               float* wbuf, float* tot, bool first) {
+    const int64_t E = piece.entries;
+    // 4 x rows a group: 4 x 4 sums, 4 x rows, a weight and 4 scale tables fit the 32 zmm
+    for (int64_t m0 = 0; m0 < p.M; m0 += 4) {
+      const int64_t mt = std::min<int64_t>(4, p.M - m0);
+      const Src src = p.M <= 4 ? Src::kDecode : m0 == 0 ? Src::kDecodeKeep : Src::kBuffer;
+#define TERNARY_GROUP(MT, SRC) group_f32<MT, SRC>(plan, piece, rows, sc, wbuf, E, xf, ldx, p.M, m0, tot, first)
+#define TERNARY_GROUPS(SRC)                   \
+  switch (mt) {                               \
+    case 4: TERNARY_GROUP(4, SRC); break;     \
+    case 3: TERNARY_GROUP(3, SRC); break;     \
+    case 2: TERNARY_GROUP(2, SRC); break;     \
+    default: TERNARY_GROUP(1, SRC); break;    \
+  }
+      if (src == Src::kDecode) { TERNARY_GROUPS(Src::kDecode) }
+      else if (src == Src::kDecodeKeep) { TERNARY_GROUPS(Src::kDecodeKeep) }
+      else { TERNARY_GROUPS(Src::kBuffer) }
+#undef TERNARY_GROUPS
+#undef TERNARY_GROUP
+    }
+  });
+}
+
+TERNARY_AVX512 void dequantize_rows_bf16(const Problem& p, int64_t n0, int64_t rows, uint16_t* tile, int64_t ldt) {
+  const __m512i ctrl = ctrl_w16();
+  for (int64_t r = 0; r < rows; ++r) {
+    const uint8_t* prow = p.row(n0 + r);
+    const uint16_t* srow = p.scale + (n0 + r) * p.lds;
+    uint16_t* dst = tile + r * ldt;
+    for (const Segment& seg : p.plan->segments) {
+      // value * scale rounded to bf16 (the fp16 scale has 11 significant bits, bf16 8): a
+      // relative error <= 2^-9 per block, the size of the output's own bf16 rounding (the tests
+      // bound both). Exact codes with the scales applied per block instead took 8 GEMMs of
+      // K = 128 and an fp32 pass each: 1.7-2x slower at M 128-512 (Qwen3-0.6B gate_up, 1 thread).
+      const float s = half_to_float(srow[seg.block]);
+      const __m512i table = table_w16(bf16_round(s), bf16_round(-s));
+      for (int64_t c = seg.c0; c < seg.c1; ++c) {
+        const uint32_t lanes = chunk_lanes(seg, c);
+        _mm512_mask_storeu_epi16(dst + c * kChunk, lanes, decode_bf16(chunk_bits(prow, c), lanes, ctrl, table));
+      }
+    }
+  }
+}
+
+TERNARY_AVX512 void dequantize_rows_f32(const Problem& p, int64_t n0, int64_t rows, float* tile, int64_t ldt) {
+  const __m512i ctrl[2] = {ctrl_f32(0), ctrl_f32(1)};
+  for (int64_t r = 0; r < rows; ++r) {
+    const uint8_t* prow = p.row(n0 + r);
+    const uint16_t* srow = p.scale + (n0 + r) * p.lds;
+    float* dst = tile + r * ldt;
+    for (const Segment& seg : p.plan->segments) {
+      const __m512 table = table_f32(half_to_float(srow[seg.block]));  // exact: fp16 * +-1 in fp32
+      for (int64_t c = seg.c0; c < seg.c1; ++c) {
+        const uint32_t lanes = chunk_lanes(seg, c);
+        const uint64_t bits = chunk_bits(prow, c);
+        for (int h = 0; h < 2; ++h)
+          _mm512_mask_storeu_ps(dst + c * kChunk + 16 * h, static_cast<__mmask16>(lanes >> (16 * h)),
+                                decode_f32_half(bits, lanes >> (16 * h), ctrl[h], table));
+      }
+    }
+  }
+}
+
+#else  // not x86-64: no kernels (ternary_cpu.h), the op refuses to run
+
+bool cpu_supported() { return false; }
+
+#endif
+
+}  // namespace ternary_cpu

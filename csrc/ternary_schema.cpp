@@ -1,0 +1,26 @@
+// The op schema of torch.ops.ternary_serve.*, compiled into every build of ternary_plugin._C:
+// the CUDA implementations are in csrc/ternary_ops.cpp, the CPU one in csrc/cpu/ternary_cpu.cpp,
+// the fake (meta) implementations for torch.compile and CUDA graphs in ternary_plugin/ops.py.
+
+#include <torch/library.h>
+
+TORCH_LIBRARY(ternary_serve, m) {
+  // pdl: programmatic dependent launch of the tensor-core kernel (see the dispatch notes in
+  // csrc/ternary_ops.cpp); the CPU kernel ignores it
+  m.def("gemm(Tensor x, Tensor packed, Tensor scale, Tensor? bias, int block_size, int k_offset, bool pdl=False) "
+        "-> Tensor");
+  // One kernel forced (path 1 gemv, 2 tensor-core, 3 dequantize + cuBLAS, 4 tiled tensor-core,
+  // 5 wgmma; rows_per_cta, k_split, k_unit and warps, the tensor-core kernel's W rows per CTA,
+  // CTAs per tile along K, weights of K per unit of work and warps a CTA (launch_mma), the tiled
+  // kernel's W rows (and tokens) per CTA, the wgmma kernel's W rows per CTA with tokens_per_cta
+  // and its CTAs a tile along K (k_split, a cluster), 0 = auto): for tests and benchmarks; gemm
+  // is path 0, chosen by M, with every tile choice automatic.
+  m.def("gemm_path(Tensor x, Tensor packed, Tensor scale, Tensor? bias, int block_size, int k_offset, int path, "
+        "int rows_per_cta, int k_split=0, int k_unit=0, int tokens_per_cta=0, int warps=0, bool pdl=False) -> Tensor");
+  m.def("dequantize(Tensor packed, Tensor scale, int K, int block_size, int k_offset, ScalarType dtype) -> Tensor");
+}
+
+// Importing the module registers the ops (a PyInit that does nothing else).
+#include <Python.h>
+static struct PyModuleDef ternary_module = {PyModuleDef_HEAD_INIT, "_C", nullptr, -1, nullptr};
+PyMODINIT_FUNC PyInit__C(void) { return PyModule_Create(&ternary_module); }

