@@ -7,6 +7,7 @@
 #include <torch/library.h>
 #include <torch/torch.h>
 
+#include "ternary_check.h"
 #include "ternary_wgmma.h"
 
 namespace ternary {
@@ -103,35 +104,8 @@ const Limits& limits() {
 
 enum Path : int64_t { kAuto = 0, kGemv = 1, kMma = 2, kDequant = 3, kTiled = 4, kWgmma = 5 };
 
-// Error messages are built here with std::to_string and handed to TORCH_CHECK as ONE string,
-// which c10::str passes through without an ostringstream. Formatting numbers through c10's
-// stream (TORCH_CHECK(cond, "...", int)) segfaulted inside std::ostream::_M_insert<long> on
-// the lent H200's build (nvcc 13 / g++ 13 against the torch 2.11 wheel: a num_put facet from
-// a second libstdc++, by the backtrace), so a user's bad input crashed the process.
-void append(std::string& s, const char* v) { s += v; }
-void append(std::string& s, const std::string& v) { s += v; }
-void append(std::string& s, int64_t v) { s += std::to_string(v); }
-void append(std::string& s, int v) { s += std::to_string(v); }
-void append(std::string& s, c10::ScalarType v) { s += c10::toString(v); }
-void append(std::string& s, c10::IntArrayRef v) {
-  s += "[";
-  for (size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + std::to_string(v[i]);
-  s += "]";
-}
-template <typename... A>
-std::string cat(const A&... parts) {
-  std::string s;
-  (append(s, parts), ...);
-  return s;
-}
-
-#define CHECK_ARG(cond, ...)                                                 \
-  do {                                                                       \
-    if (!(cond)) {                                                           \
-      const std::string ternary_msg_ = cat("ternary_serve::gemm: ", __VA_ARGS__); \
-      TORCH_CHECK(false, ternary_msg_);                                      \
-    }                                                                        \
-  } while (0)
+// Error messages as one string (csrc/ternary_check.h says why).
+#define CHECK_ARG(cond, ...) TERNARY_CHECK_ARG("ternary_serve::gemm: ", cond, __VA_ARGS__)
 
 void check_cuda_error(cudaError_t err, const char* what, int64_t m, int64_t n, int64_t k) {
   CHECK_ARG(err == cudaSuccess, what, " failed for m=", m, " n=", n, " k=", k, ": ", cudaGetErrorString(err));

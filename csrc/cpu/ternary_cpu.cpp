@@ -30,6 +30,7 @@
 #include <cstdlib>
 #include <string>
 
+#include "../ternary_check.h"
 #include "ternary_cpu.h"
 
 namespace ternary_cpu {
@@ -64,28 +65,8 @@ int64_t small_m_max(bool bf16) {
   return forced >= 0 ? forced : bf16 ? kSmallMMaxBf16 : kSmallMMaxF32;
 }
 
-// Messages built as one std::string (see the note on c10's stream in csrc/ternary_ops.cpp).
-void append(std::string& s, const char* v) { s += v; }
-void append(std::string& s, int64_t v) { s += std::to_string(v); }
-void append(std::string& s, c10::ScalarType v) { s += c10::toString(v); }
-void append(std::string& s, c10::IntArrayRef v) {
-  s += "[";
-  for (size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + std::to_string(v[i]);
-  s += "]";
-}
-template <typename... A>
-std::string cat(const A&... parts) {
-  std::string s;
-  (append(s, parts), ...);
-  return s;
-}
-#define CHECK_ARG(cond, ...)                                                           \
-  do {                                                                                 \
-    if (!(cond)) {                                                                     \
-      const std::string ternary_msg_ = cat("ternary_serve::gemm (CPU): ", __VA_ARGS__); \
-      TORCH_CHECK(false, ternary_msg_);                                                \
-    }                                                                                  \
-  } while (0)
+// Error messages as one string (csrc/ternary_check.h says why).
+#define CHECK_ARG(cond, ...) TERNARY_CHECK_ARG("ternary_serve::gemm (CPU): ", cond, __VA_ARGS__)
 
 // The instruction set the CPU kernel runs with on this machine, "" where it cannot run.
 std::string kernel_isa() {
