@@ -121,7 +121,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--no-quality-check", action="store_true", help="skip the embedding cosine report")
     d = p.add_argument_group(
         "ternary-aware distillation (off by default: it trains for minutes to hours, with the model's size, "
-        "where plain conversion takes seconds; MiniLM: 800 steps take about 15 min on 2 CPU cores)")
+        "where plain conversion takes seconds; MiniLM on 2 idle CPU cores: ~0.7 s a step, ~11 min for 800 steps "
+        "with evaluations; see benchmarks/results/quality.md)")
     d.add_argument("--distill", action=argparse.BooleanOptionalAction, default=False,
                    help="train the latent weights against SRC before packing (ternary_plugin/distill.py)")
     d.add_argument("--corpus", type=Path, help="training text, one per line, UTF-8 (default: WordNet 3.0 "
