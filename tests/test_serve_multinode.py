@@ -97,6 +97,30 @@ def wait_for_gauges(predicate, seconds=120) -> dict[str, float]:
     return reconcile_gauges()
 
 
+def kill_tree(pid: int) -> None:
+    """SIGKILL a process and all its descendants (found through /proc's parent ids)."""
+    import signal
+    from pathlib import Path
+
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+        except (OSError, IndexError, ValueError):
+            continue
+    todo, tree = [pid], []
+    while todo:
+        p = todo.pop()
+        tree.append(p)
+        todo += children.get(p, [])
+    for p in tree:
+        try:
+            os.kill(p, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
 def reconcile(*extra, timeout=300):
     proc = subprocess.run([sys.executable, "-m", "ternary_plugin.cli", "reconcile", "--address", ADDRESS, *extra],
                           cwd=REPO, capture_output=True, text=True, timeout=timeout)
@@ -250,7 +274,12 @@ def test_a_node_killed_mid_job_gives_exit_2_naming_the_node(cluster, tmp_path):
                             "--timeout", "30", "--json", str(report)], cwd=REPO, stdout=subprocess.PIPE,
                            stderr=subprocess.PIPE, text=True)
     time.sleep(1)  # while the job connects and lists the replicas
-    subprocess.run(["pkill", "-9", "-f", f"{RAY_TMP}-node1/session"], check=False)
+    # The whole node at once: its raylet and every process under it (the replica's worker, its
+    # vLLM engine and workers), as a machine that loses power; a raylet killed alone leaves its
+    # workers answering for seconds.
+    keeper = subprocess.run(["pgrep", "-f", "compat.run_worker_node"], capture_output=True, text=True).stdout.split()
+    assert len(keeper) == 1, keeper
+    kill_tree(int(keeper[0]))
     out, err = job.communicate(timeout=240)
     assert job.returncode == 2, out[-2000:] + err[-2000:]
     body = json.loads(report.read_text())
