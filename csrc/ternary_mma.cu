@@ -428,15 +428,6 @@ cudaError_t launch_mma_t(const MmaCall<T>& c, int rows_per_cta, int k_unit, int 
 
 }  // namespace
 
-// Whether the 8-warp tiles the op's dispatch gives this M (16 W rows, 128-weight units, no split
-// along K) run in one wave: the op's rule for the narrow layers past TERNARY_MMA_MAX_M (see
-// ternary_ops.cpp). On the H200 the kernel takes 119 registers a thread, so 2 CTAs an SM: 264.
-bool mma_fits_one_wave(bool bf16, int M, int N) {
-  const int nt = token_tiles(M, 1);
-  const int tiles = (N + 15) / 16 * ((M + 8 * nt - 1) / (8 * nt));
-  return bf16 ? one_wave_at<__nv_bfloat16, 128, 8>(M, tiles) : one_wave_at<__half, 128, 8>(M, tiles);
-}
-
 // rows_per_cta: 16, 32 or 64; 0 (auto) = 16. Measured on the H200 (kernel-h200.md, "by W rows per
 // CTA", v4): 16 rows was fastest or within 1 % in 22 of the 24 (shape, M <= 16) cases, and the
 // earlier rule (32 rows once N / 32 >= the SM count) cost gate_up 11 % (4.29 vs 4.80 us at M = 1);

@@ -14,9 +14,11 @@ TORCH_LIBRARY(ternary_serve, m) {
   // CTAs per tile along K, weights of K per unit of work and warps a CTA (launch_mma), the tiled
   // kernel's W rows (and tokens) per CTA, the wgmma kernel's W rows per CTA with tokens_per_cta
   // and its CTAs a tile along K (k_split, a cluster), 0 = auto): for tests and benchmarks; gemm
-  // is path 0, chosen by M, with every tile choice automatic.
+  // chooses the kernel by ternary_plugin/dispatch.py's table (a Python CUDA implementation, ops.py),
+  // every tile choice automatic. mma64_max_k: TERNARY_MMA64_MAX_K, the tensor-core kernel's auto unit.
   m.def("gemm_path(Tensor x, Tensor packed, Tensor scale, Tensor? bias, int block_size, int k_offset, int path, "
-        "int rows_per_cta, int k_split=0, int k_unit=0, int tokens_per_cta=0, int warps=0, bool pdl=False) -> Tensor");
+        "int rows_per_cta, int k_split=0, int k_unit=0, int tokens_per_cta=0, int warps=0, bool pdl=False, "
+        "int mma64_max_k=1024) -> Tensor");
   m.def("dequantize(Tensor packed, Tensor scale, int K, int block_size, int k_offset, ScalarType dtype) -> Tensor");
 }
 

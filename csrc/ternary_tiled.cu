@@ -298,13 +298,6 @@ cudaError_t launch_tiled_t(const void* x, const uint8_t* packed, const __half* s
 
 }  // namespace
 
-// Whether the auto tile's CTAs (one an SM: 216 KB of shared memory each) run in one wave: the
-// op's dispatch past TERNARY_TILED_MAX_M (see ternary_ops.cpp).
-bool tiled_fits_one_wave(int M, int N) {
-  const int t = auto_tile(M, N), sms = sm_count();
-  return sms > 0 && (long)((N + t - 1) / t) * ((M + t - 1) / t) <= sms;
-}
-
 // tile: W rows (and tokens) per CTA, 64 or 128; 0 = auto (above).
 cudaError_t launch_tiled(bool bf16, const void* x, const uint8_t* packed, const __half* scale, const void* bias,
                          void* y, int M, int N, int K, int ldp, int lds, int block_size, int k_offset, int tile,

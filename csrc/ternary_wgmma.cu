@@ -611,19 +611,6 @@ bool wgmma_supported() {
          }) == 1;
 }
 
-// Where the op dispatches the kernel (with M in [TERNARY_WGMMA_MIN_M, TERNARY_WGMMA_MAX_M]): the
-// 256-token tiles fill the GPU, at least 0.9 of a wave and no last wave under half full below 3
-// waves (a persistent CTA takes ceil(tiles / SMs) tiles in series). Measured on the H200
-// (kernel-h200.md, "wgmma kernel"; the non-persistent build): from 128 tiles on 132 SMs (o, down,
-// qkv/tp4, o/tp4, down/tp4 at M 4096; qkv at M 1024) it beat dequantize + cuBLAS by 4-29 %;
-// with fewer (the N = 1024 shapes at M <= 1024: 16-64 tiles of 128 tokens) it lost by up to 2x,
-// and gate_up/tp4 at M 4096 (192 tiles: a second wave of 60) by 17 %.
-bool wgmma_fills_gpu(int M, int N) {
-  const long sms = sm_count(), tiles = tile_count(M, N, 256);
-  if (sms == 0 || 10 * tiles < 9 * sms) return false;
-  return tiles / sms >= 3 || tiles % sms == 0 || 2 * (tiles % sms) >= sms;
-}
-
 // The tiling: each candidate's time modelled as (k-steps a CTA walks) x (a k-step's time at its
 // tile) + (the split's exchange), the least taken. Fitted on the H200 to benchmarks/probes/
 // wgmma_probe.cu's split sweep (every tile x split on the 8 benchmark layers at M 64-4096, CUDA

@@ -16,10 +16,6 @@ constexpr int kWgmmaStepK = 64;
 // Whether the current device runs the kernel's sm_90a code (compute capability 9.0 exactly).
 bool wgmma_supported();
 
-// Whether an M x N product gives the kernel's 256-token tiles enough CTAs to fill the GPU (the
-// op's dispatch condition; the rule and its measurements beside the definition).
-bool wgmma_fills_gpu(int M, int N);
-
 // A launch's tile (tokens x 128 W rows) and CTAs a tile along K (a cluster; 1 = persistent CTAs).
 struct WgmmaTiling {
   int tokens, splits;

@@ -1,7 +1,7 @@
 """Every environment variable ternary-serve reads or sets, defined once: name, type, default, why.
 
 Three kinds:
-- ``read``: knobs the project reads (the kernels' dispatch limits are read by csrc/ternary_ops.cpp,
+- ``read``: knobs the project reads (the kernels' dispatch limits by ternary_plugin/dispatch.py,
   once per process; the build knobs by setup.py).
 - ``engine``: what the project sets for every vLLM engine and Serve replica it starts
   (``deployments/app.py`` passes them in the replicas' runtime env; ``scripts/env.sh`` exports them
@@ -23,6 +23,8 @@ import sys
 from dataclasses import dataclass
 from typing import Literal
 
+from . import dispatch
+
 Kind = Literal["read", "engine", "shell", "cluster", "driver"]
 
 
@@ -33,10 +35,6 @@ class EnvVar:
     default: str | None  # None: unset unless the user sets it
     kind: Kind
     why: str
-
-
-def _kernel(name: str, default: int, why: str) -> EnvVar:
-    return EnvVar(name, int, str(default), "read", f"CUDA dispatch (csrc/ternary_ops.cpp, docs/kernel.md): {why}")
 
 
 REGISTRY: tuple[EnvVar, ...] = (
@@ -62,20 +60,12 @@ REGISTRY: tuple[EnvVar, ...] = (
            "CPU kernel (csrc/cpu/): largest M that streams the packed weights with codes decoded in registers "
            "(default 16 for bf16, 32 for fp32/fp16, measured); above it weight tiles are decoded once and "
            "multiplied by oneDNN; 0 always tiles"),
-    # --- read by the CUDA op, once per process (0 switches a kernel off) ----------------------------
-    _kernel("TERNARY_GEMV_MAX_M", 1, "largest M of the warp-per-row kernel"),
-    _kernel("TERNARY_MMA_MAX_M", 32, "largest M of the small-M tensor-core kernel"),
-    _kernel("TERNARY_MMA_NARROW_MAX_M", 128, "largest M of the tensor-core kernel on narrow layers"),
-    _kernel("TERNARY_MMA_NARROW_MAX_N", 1536, "widest N counted as narrow"),
-    _kernel("TERNARY_MMA64_MAX_K", 1024, "largest K that takes 64-weight units of work"),
-    _kernel("TERNARY_TILED_MAX_M", 64, "largest M of the tiled tensor-core kernel"),
-    _kernel("TERNARY_TILED_MIN_N", 1536, "narrowest N of the tiled kernel"),
-    _kernel("TERNARY_TILED_WAVE_MAX_M", 256, "largest M of the tiled kernel where its tiles fit one wave"),
-    _kernel("TERNARY_WGMMA_MIN_M", 1024, "smallest M of the wgmma kernel"),
-    _kernel("TERNARY_WGMMA_MAX_M", 8192, "largest M of the wgmma kernel"),
-    _kernel("TERNARY_WGMMA_WIDE_MIN_M", 65, "smallest M of the wgmma kernel on wide layers"),
-    _kernel("TERNARY_WGMMA_WIDE_MAX_M", 1023, "largest M of the wgmma kernel on wide layers"),
-    _kernel("TERNARY_WGMMA_WIDE_MIN_N", 4096, "narrowest N counted as wide"),
+    # --- read by the CUDA op's dispatch table, once per process (ternary_plugin/dispatch.py) ------
+    *(EnvVar(lim.env, int, str(lim.default), "read", f"CUDA dispatch (ternary_plugin/dispatch.py): {lim.meaning}")
+      for lim in dispatch.LIMITS),
+    EnvVar(dispatch.BACKEND_ENV, str, "auto", "read",
+           "GPU layout of each layer (ternary_plugin/dispatch.py plan_layout): auto takes Humming's where "
+           "humming-kernels is installed and the layer is large enough, ternary never, humming wherever eligible"),
     # --- set for every engine and replica ------------------------------------------------------------
     EnvVar("VLLM_PLUGINS", str, "ternary", "engine",
            "load the ternary plugin (and only it) in every vLLM process, so nothing else can shadow it"),

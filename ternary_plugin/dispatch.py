@@ -1,0 +1,350 @@
+"""Which GPU kernel runs ``torch.ops.ternary_serve.gemm`` for a given (M, N, K, GPU): one table.
+
+``plan(m, n, k, device)`` is a pure function of the call's shape, its alignment and the device's
+properties; ``ops.py`` calls it on every CUDA call (cached) and launches the kernel it names
+through ``gemm_path``. tests/test_dispatch.py exercises every band boundary on fake devices in CI.
+
+Two layouts exist per layer, chosen once when the weights are loaded (``plan_layout``):
+- ``ternary``: the format's own packed codes, run by this repository's kernels (``BANDS``);
+- ``humming``: the same codes and scales repacked into Humming's int2 layout
+  (``ternary_plugin/humming.py``), run by Humming's kernel at every M (``HUMMING_BAND``).
+A layer holds one of them on the GPU, never both: memory stays at 2 bits a weight.
+
+Every limit is an environment override, read once per process (``LIMITS``; the names predate
+this table and live on in ternary_plugin/envs.py's listing). Setting a ``*_MAX_M`` (or the wgmma
+kernel's ``*_MIN_M``) to 0 switches that rule off; a ``*_MIN_N`` of 0 widens its rule to every N.
+``python -m ternary_plugin.dispatch`` prints the table as markdown (docs/kernel.md carries it).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import os
+import sys
+from typing import Callable, Literal
+
+# gemm_path's kernel numbers (csrc/ternary_schema.cpp)
+GEMV, MMA, DEQUANT, TILED, WGMMA = 1, 2, 3, 4, 5
+KERNEL_NAMES = {GEMV: "gemv", MMA: "mma.sync", DEQUANT: "dequantize + cuBLAS", TILED: "tiled", WGMMA: "wgmma"}
+
+# The tensor-core kernel's 8-warp CTAs (16 W rows x 32 tokens) resident per SM: 119 registers a
+# thread in the sm_90a build (ptxas report), 2 CTAs an SM on the H200. The one-wave rule below uses
+# it for other GPUs too (their register files are the same size on sm_80/86/89/90).
+MMA_CTAS_PER_SM = 2
+WGMMA_MAX_SCALE_COLS = 64  # ternary_wgmma.h kWgmmaMaxScaleCols: a row's scale blocks in shared memory
+WGMMA_STEP_K = 64  # ternary_wgmma.h kWgmmaStepK
+
+
+@dataclasses.dataclass(frozen=True)
+class Limit:
+    env: str
+    default: int
+    meaning: str
+
+
+LIMITS: tuple[Limit, ...] = (
+    Limit("TERNARY_GEMV_MAX_M", 1, "largest M of the warp-per-row kernel (band 8)"),
+    Limit("TERNARY_MMA_MAX_M", 32, "largest M of the small-M tensor-core kernel at any N (bands 1-2)"),
+    Limit("TERNARY_MMA_NARROW_MAX_M", 128, "largest M of the tensor-core kernel on narrow layers (band 3)"),
+    Limit("TERNARY_MMA_NARROW_MAX_N", 1536, "widest N counted as narrow (band 3)"),
+    Limit("TERNARY_MMA64_MAX_K", 1024, "largest K that takes 64-weight units of work (bands 1-3; 0: never)"),
+    Limit("TERNARY_TILED_MAX_M", 64, "largest M of the tiled tensor-core kernel (band 4)"),
+    Limit("TERNARY_TILED_MIN_N", 1536, "narrowest N of the tiled kernel (bands 4-5)"),
+    Limit("TERNARY_TILED_WAVE_MAX_M", 256, "largest M of the tiled kernel where its tiles fit one wave (band 5)"),
+    Limit("TERNARY_WGMMA_MIN_M", 1024, "smallest M of the wgmma kernel where its tiles fill the GPU (band 7; 0: off)"),
+    Limit("TERNARY_WGMMA_MAX_M", 8192, "largest M of the wgmma kernel, both rules (0: off)"),
+    Limit("TERNARY_WGMMA_WIDE_MIN_M", 65, "smallest M of the wgmma kernel on wide layers (band 6; 0: off)"),
+    Limit("TERNARY_WGMMA_WIDE_MAX_M", 1023, "largest M of the wgmma kernel on wide layers (band 6)"),
+    Limit("TERNARY_WGMMA_WIDE_MIN_N", 4096, "narrowest N counted as wide (band 6)"),
+    Limit("TERNARY_HUMMING_MIN_WEIGHTS", 16_777_216,
+          "smallest N x K of a layer that takes Humming's layout when `TERNARY_GPU_BACKEND` is auto (0: every "
+          "eligible layer)"),
+)
+BACKEND_ENV = "TERNARY_GPU_BACKEND"
+BACKENDS = ("auto", "ternary", "humming")
+
+
+def read_limits(environ: dict[str, str] | None = None) -> dict[str, int]:
+    """The limits from the environment (a value that is not an integer is an error naming it)."""
+    environ = os.environ if environ is None else environ
+    out = {}
+    for lim in LIMITS:
+        raw = environ.get(lim.env)
+        if raw is None:
+            out[lim.env] = lim.default
+            continue
+        try:
+            out[lim.env] = int(raw)
+        except ValueError:
+            raise ValueError(f"{lim.env}={raw!r}: must be an integer ({lim.meaning})") from None
+    return out
+
+
+@functools.lru_cache(maxsize=1)
+def limits() -> dict[str, int]:
+    return read_limits()
+
+
+@dataclasses.dataclass(frozen=True)
+class Device:
+    """What the plan reads of a GPU."""
+
+    sm_count: int
+    capability: tuple[int, int]
+    name: str = ""
+
+    @property
+    def hopper(self) -> bool:  # the wgmma kernel is built for sm_90a only
+        return self.capability == (9, 0)
+
+
+def device_of(index: int) -> Device:
+    import torch
+
+    props = torch.cuda.get_device_properties(index)
+    return Device(props.multi_processor_count, (props.major, props.minor), props.name)
+
+
+@dataclasses.dataclass(frozen=True)
+class Call:
+    """One call's shape and what the kernels' alignment conditions read of it."""
+
+    m: int
+    n: int
+    k: int
+    block_size: int = 128
+    k_offset: int = 0
+    rows_padded8: bool = True  # packed rows a multiple of 8 bytes and 8-byte aligned
+    rows_padded16: bool = True  # ... 16 bytes and 16-byte aligned (TMA)
+    x_aligned16: bool = True  # x's base 16-byte aligned
+
+
+@dataclasses.dataclass(frozen=True)
+class Choice:
+    backend: Literal["ternary", "humming"]
+    kernel: int  # gemm_path's path; 0 for Humming
+    band: str
+    k_unit: int = 0  # the tensor-core kernel's unit (0: its auto)
+
+    @property
+    def kernel_name(self) -> str:
+        return "humming int2" if self.backend == "humming" else KERNEL_NAMES[self.kernel]
+
+
+# --- the conditions the bands read ---------------------------------------------------------------
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def mma_unit(c: Call, lim: dict[str, int]) -> int:
+    """Weights of K per unit of the 8-warp tensor-core kernel: 64 at M 9-16 where K <=
+    TERNARY_MMA64_MAX_K (measured at M 16: qkv -10/-13 %, gate_up -7/-12 %, o/tp4 -12 %), else 128."""
+    return 64 if 8 < c.m <= 16 and c.k <= lim["TERNARY_MMA64_MAX_K"] else 128
+
+
+def mma_aligned(c: Call, lim: dict[str, int]) -> bool:
+    u = mma_unit(c, lim)
+    return c.rows_padded8 and c.block_size % u == 0 and c.k_offset % u == 0
+
+
+def mma_fits_one_wave(c: Call, dev: Device) -> bool:
+    """ceil(N/16) x ceil(M / (8 x token tiles)) CTAs within one wave of MMA_CTAS_PER_SM an SM."""
+    nt = 1 if c.m <= 8 else 2 if c.m <= 16 else 4
+    return _cdiv(c.n, 16) * _cdiv(c.m, 8 * nt) <= MMA_CTAS_PER_SM * dev.sm_count
+
+
+def tiled_aligned(c: Call) -> bool:
+    return (c.rows_padded8 and c.block_size % 128 == 0 and c.k_offset % 128 == 0 and c.k % 8 == 0
+            and c.x_aligned16)
+
+
+def tiled_fits_one_wave(c: Call, dev: Device) -> bool:
+    """The tiled kernel's auto tile (128 where its 128-tiles fill the SMs, else 64) in one wave."""
+    t = 128 if _cdiv(c.n, 128) * _cdiv(c.m, 128) >= dev.sm_count else 64
+    return _cdiv(c.n, t) * _cdiv(c.m, t) <= dev.sm_count
+
+
+def wgmma_aligned(c: Call) -> bool:
+    cols = (c.k_offset + c.k - 1) // c.block_size - c.k_offset // c.block_size + 1
+    return (c.rows_padded16 and c.block_size % 64 == 0 and c.k_offset % 64 == 0 and c.k % 8 == 0
+            and c.x_aligned16 and cols <= WGMMA_MAX_SCALE_COLS)
+
+
+def wgmma_fills_gpu(c: Call, dev: Device) -> bool:
+    """256-token tiles (128 W rows): >= 0.9 of a wave, and below 3 waves the last one full or at
+    least half full (a persistent CTA takes ceil(tiles / SMs) tiles in series)."""
+    tiles, sms = _cdiv(c.n, 128) * _cdiv(c.m, 256), dev.sm_count
+    if 10 * tiles < 9 * sms:
+        return False
+    return tiles // sms >= 3 or tiles % sms == 0 or 2 * (tiles % sms) >= sms
+
+
+@dataclasses.dataclass(frozen=True)
+class Band:
+    name: str
+    condition: str  # the rule in words (docs/kernel.md's table)
+    kernel: int
+    tile: str
+    reason: str  # the measurement it rests on
+    when: Callable[[Call, Device, dict[str, int]], bool]
+
+
+# First row whose `when` holds, top to bottom. Times: us per call on the H200 (132 SMs),
+# benchmarks/results/kernel-h200*.md; layer names are the Qwen3-Embedding shapes there.
+BANDS: tuple[Band, ...] = (
+    Band("1", "M <= 16; block_size, k_offset multiples of the unit", MMA,
+         "mma.sync, 16 W rows a CTA; 16 warps where the tiles fit one wave, else 8; 64-weight units at M 9-16 "
+         "where K <= 1024",
+         "1.37-4.86x cuBLAS bf16 on all 24 (0.6B layer, M <= 16) rows (kernel-h200.md)",
+         lambda c, d, l: c.m <= min(16, l["TERNARY_MMA_MAX_M"]) and mma_aligned(c, l)),
+    Band("2", "17 <= M <= TERNARY_MMA_MAX_M (32), same alignment", MMA, "mma.sync, 8 warps, 16 W rows x 32 tokens",
+         "the small-M kernel's range since its first versions (docs/notes/kernel_notes.md v4, v5)",
+         lambda c, d, l: c.m <= l["TERNARY_MMA_MAX_M"] and mma_aligned(c, l)),
+    Band("3", "M <= 128, N <= 1536, its 8-warp tiles fit one wave (ceil(N/16) x ceil(M/32) <= 2 x SMs)", MMA,
+         "mma.sync, 8 warps",
+         "M 64 on all six narrow layers: o 6.68 vs dq+mm 8.99 (kernel-h200.md); M 128 o 8.70 vs 9.40; past one "
+         "wave it loses: gate_up/tp4 M 96 8.06 vs tiled 7.43 (kernel-h200-midm.md)",
+         lambda c, d, l: (c.m <= l["TERNARY_MMA_NARROW_MAX_M"] and c.n <= l["TERNARY_MMA_NARROW_MAX_N"]
+                          and mma_fits_one_wave(c, d) and mma_aligned(c, l))),
+    Band("4", "M <= 64, N >= 1536; blocks on 128-weight boundaries, K % 8 == 0, x 16-byte aligned", TILED,
+         "tiled, auto tile", "M 64: qkv 7.47 vs dq+mm 10.14, gate_up 7.48 vs 12.13 (kernel-h200.md)",
+         lambda c, d, l: c.m <= l["TERNARY_TILED_MAX_M"] and c.n >= l["TERNARY_TILED_MIN_N"] and tiled_aligned(c)),
+    Band("5", "M <= 256, N >= 1536, its tiles fit one wave (<= SMs CTAs), same alignment", TILED, "tiled, 64 x 64",
+         "qkv M 128 7.63 vs wgmma 9.46; gate_up/tp4 M 256 7.43 vs dq+mm 8.04 (kernel-h200-midm.md); past a wave "
+         "it loses (gate_up M 96 13.49 vs wgmma 9.67)",
+         lambda c, d, l: (c.m <= l["TERNARY_TILED_WAVE_MAX_M"] and c.n >= l["TERNARY_TILED_MIN_N"]
+                          and tiled_fits_one_wave(c, d) and tiled_aligned(c))),
+    Band("6", "65 <= M <= 1023, N >= 4096, compute capability 9.0; blocks on 64-weight boundaries, K % 8 == 0, "
+              "16-byte alignment, <= 64 scale blocks a row", WGMMA,
+         "wgmma, tiling by its cost model (128/256 tokens, persistent or split 2-8 ways along K)",
+         "gate_up M 128/512 9.48/14.83 vs dq+mm 12.25/18.62 (kernel-h200-midm.md); loses on N <= 1536 from M 256 "
+         "and on gate_up at M 1024 (27.52 vs 27.16)",
+         lambda c, d, l: (d.hopper and l["TERNARY_WGMMA_WIDE_MIN_M"] > 0
+                          and l["TERNARY_WGMMA_WIDE_MIN_M"] <= c.m <= min(l["TERNARY_WGMMA_WIDE_MAX_M"],
+                                                                           l["TERNARY_WGMMA_MAX_M"])
+                          and c.n >= l["TERNARY_WGMMA_WIDE_MIN_N"] and wgmma_aligned(c))),
+    Band("7", "1024 <= M <= 8192, compute capability 9.0, same alignment, its 256-token tiles fill the GPU", WGMMA,
+         "wgmma, persistent CTAs",
+         "M 4096: qkv 53.67 vs dq+mm 56.58, down 38.97 vs 41.41; qkv M 1024 15.55 vs 19.92 (kernel-h200.md); a "
+         "partial second wave lost (gate_up/tp4 M 4096 27.57 vs 23.22)",
+         lambda c, d, l: (d.hopper and l["TERNARY_WGMMA_MIN_M"] > 0
+                          and l["TERNARY_WGMMA_MIN_M"] <= c.m <= l["TERNARY_WGMMA_MAX_M"]
+                          and wgmma_fills_gpu(c, d) and wgmma_aligned(c))),
+    Band("8", "M <= TERNARY_GEMV_MAX_M (1), rows padded: shards whose blocks miss the units above", GEMV, "warp per row",
+         "any k_offset; forced at M 1 2.34-6.45 vs dq+mm 6.47-15.80 (kernel-h200.md)",
+         lambda c, d, l: c.m <= l["TERNARY_GEMV_MAX_M"] and c.rows_padded8),
+    Band("9", "everything else", DEQUANT, "dequantize into a transient bf16 W, cuBLAS",
+         "M 256 on N 1024: o 9.75 vs wgmma 10.22, tiled 11.92 (kernel-h200.md); M > 8192 (wgmma ahead on 5 of 8 "
+         "rows by 0.5-5 %, behind on 3 by 2-6 %: the bound not revisited)",
+         lambda c, d, l: True),
+)
+
+HUMMING_BAND = Band(
+    "H", "the layer holds Humming's layout (plan_layout): every M", 0,
+    "Humming's own heuristics (tile, stages, stream-K) per (M, N, K)",
+    "8B shapes (K >= 4096) per decoder layer, same harness: Humming 1.56/1.25/0.80/0.84x cuBLAS at M 16/64/256/1024 "
+    "against this repository's 1.27/0.51/0.66/0.80x; on 0.6B shapes it lost at every M (1.10 vs 2.19x at M 1): "
+    "benchmarks/results/kernel-h200.md",
+    lambda c, d, l: True,
+)
+
+
+@functools.lru_cache(maxsize=4096)
+def _plan(call: Call, dev: Device, lim_items: tuple[tuple[str, int], ...]) -> Choice:
+    lim = dict(lim_items)
+    for band in BANDS:
+        if band.when(call, dev, lim):
+            k_unit = mma_unit(call, lim) if band.kernel == MMA and call.m > 8 else 0
+            return Choice("ternary", band.kernel, band.name, k_unit)
+    raise AssertionError("the last band takes everything")
+
+
+def plan(call: Call, dev: Device, layout: str = "ternary", lim: dict[str, int] | None = None) -> Choice:
+    """The kernel for ``call`` on ``dev`` (``lim``: the limits, default from the environment)."""
+    if layout == "humming":
+        return Choice("humming", 0, HUMMING_BAND.name)
+    return _plan(call, dev, tuple(sorted((lim if lim is not None else limits()).items())))
+
+
+def humming_eligible(n: int, k: int, block_size: int, k_offset: int, dtype_ok: bool) -> str | None:
+    """Why a layer cannot take Humming's layout, or None: Humming's groups must tile K exactly
+    from the layer's column 0 (a shard starting inside a scale block keeps the ternary layout)."""
+    if block_size != 128:
+        return f"block_size {block_size} (Humming's layout is wired for 128-weight groups)"
+    if k_offset:
+        return f"the shard starts {k_offset} weights into a scale block"
+    if k % 128 or n % 128:
+        return f"N {n} or K {k} not a multiple of 128"
+    if not dtype_ok:
+        return "activations are neither bf16 nor fp16"
+    return None
+
+
+def plan_layout(n: int, k: int, block_size: int, k_offset: int, dev: Device, *, backend: str,
+                humming_importable: bool, dtype_ok: bool = True, lim: dict[str, int] | None = None
+                ) -> tuple[str, str]:
+    """(layout, why) for a layer of N x K on ``dev``. ``backend`` is TERNARY_GPU_BACKEND's value:
+    auto takes Humming's layout where Humming is importable, the device is sm_80+, the layer is
+    eligible and has at least TERNARY_HUMMING_MIN_WEIGHTS weights (measured: Humming won on the
+    8B shapes from M 16 and lost on the 0.6B ones at every M); ternary never; humming wherever
+    eligible (an error where Humming is missing)."""
+    if backend not in BACKENDS:
+        raise ValueError(f"{BACKEND_ENV}={backend!r}: must be one of {', '.join(BACKENDS)}")
+    lim = lim if lim is not None else limits()
+    if backend == "ternary":
+        return "ternary", f"{BACKEND_ENV}=ternary"
+    if not humming_importable:
+        if backend == "humming":
+            raise RuntimeError(f"{BACKEND_ENV}=humming, but humming-kernels is not importable "
+                               "(pip install humming-kernels)")
+        return "ternary", "humming-kernels not installed"
+    if dev.capability < (8, 0):
+        return "ternary", f"compute capability {dev.capability} (Humming's int2 kernels need sm_80+)"
+    why_not = humming_eligible(n, k, block_size, k_offset, dtype_ok)
+    if why_not:
+        return "ternary", why_not
+    if backend == "auto" and n * k < lim["TERNARY_HUMMING_MIN_WEIGHTS"]:
+        return "ternary", f"N x K = {n * k} < TERNARY_HUMMING_MIN_WEIGHTS ({lim['TERNARY_HUMMING_MIN_WEIGHTS']})"
+    return "humming", f"{BACKEND_ENV}={backend}, N x K = {n * k}"
+
+
+def markdown() -> str:
+    rows = ["| band | condition (M, N, K, GPU) | kernel, tile | why (measurement) |", "|---|---|---|---|"]
+    for b in (*BANDS, HUMMING_BAND):
+        rows.append(f"| {b.name} | {b.condition} | {b.tile} | {b.reason} |")
+    rows += ["", "| variable | default | meaning |", "|---|---|---|"]
+    rows += [f"| `{lim.env}` | {lim.default} | {lim.meaning} |" for lim in LIMITS]
+    rows.append(f"| `{BACKEND_ENV}` | auto | {', '.join(BACKENDS)}: which layout a layer takes (plan_layout) |")
+    return "\n".join(rows)
+
+
+
+
+def describe(n: int, k: int, dev: Device, layout: str, max_m: int = 16384) -> str:
+    """The bands one layer takes from M 1 to max_m, e.g. "M 1-32 mma.sync (1, 2), 33-64 tiled (4), ..."."""
+    if layout == "humming":
+        return f"M 1-{max_m} humming int2 (band {HUMMING_BAND.name})"
+    # Every rule is constant between these M: the kernels' token tiles (16, 32, 64, 128, 256 tokens)
+    # change their CTA counts only at 32j + 1, and the limits are the other edges.
+    lim = limits()
+    edges = set(range(1, 65)) | {32 * j + 1 for j in range(max_m // 32 + 1)}
+    edges |= {v + d for v in lim.values() for d in (0, 1)}
+    starts = sorted(m for m in edges if 1 <= m <= max_m)
+    runs: list[list] = []
+    for i, m in enumerate(starts):
+        end = starts[i + 1] - 1 if i + 1 < len(starts) else max_m
+        c = plan(Call(m, n, k), dev)
+        if runs and runs[-1][2] == c.kernel_name:
+            runs[-1][1] = end
+            if c.band not in runs[-1][3]:
+                runs[-1][3].append(c.band)
+        else:
+            runs.append([m, end, c.kernel_name, [c.band]])
+    return ", ".join(f"M {a}-{b} {name} ({', '.join(bands)})" for a, b, name, bands in runs)
+
+
+if __name__ == "__main__":
+    sys.stdout.write(markdown() + "\n")

@@ -1,0 +1,105 @@
+"""Humming (``humming-kernels``, vLLM's quantized GEMM backend) as a second GPU layout.
+
+A layer that ``dispatch.plan_layout`` gives Humming's layout has its packed codes and scales
+repacked, once at load time, into the tensors Humming's int2 group-128 schema loads (no
+requantization: every code keeps its value, see ``to_humming_tensors``), and Humming's
+``transform`` lays them out for its kernel. The layer then holds those on the GPU instead of the
+format's packed rows (the same 2 bits a weight).
+
+Numerics: Humming keeps the group scales in the activations' dtype, so with bf16 activations each
+fp16 scale is rounded to bf16 once (relative error <= 2**-9 a block; fp16 models keep them exactly);
+accumulation is fp32 as in this repository's kernels.
+
+Humming is optional: without it (``importable()`` False) every layer keeps the ternary layout.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+
+import torch
+
+from . import format as fmt
+
+logger = logging.getLogger("vllm.ternary_plugin")
+
+GROUP = 128  # Humming's group size for this format: the format's scale block
+CODES_PER_WORD = 16  # Humming packs 2-bit codes 16 to an int32, the first in the lowest bits
+OFFSET = 2  # Humming's integer codes are offset binary: uint2 u means u - 2
+
+
+@functools.lru_cache(maxsize=1)
+def importable() -> bool:
+    try:
+        import humming.layer  # noqa: F401
+    except Exception as exc:  # ImportError, or a CUDA toolchain it cannot find
+        logger.info("humming-kernels not usable (%s): every layer keeps the ternary layout", exc)
+        return False
+    return True
+
+
+def to_humming_tensors(packed: torch.Tensor, scale: torch.Tensor, k: int, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    """The format's uint8 [N, >= ceil(K/4)] codes and fp16 [N, K/128] scales -> Humming's int2
+    group-128 tensors before ``transform``: ``weight`` int32 [N, K/16] (value v stored as v + 2, 16
+    a word, weight 0 in bits 0-1) and ``weight_scale`` [N, K/128] in ``dtype``. K a multiple of 128.
+    Pure torch, on the tensors' own device."""
+    if k % GROUP:
+        raise ValueError(f"K={k} is not a multiple of {GROUP}: the layer keeps the ternary layout")
+    n = packed.shape[0]
+    if scale.shape[0] != n or scale.shape[1] < k // GROUP:
+        raise ValueError(f"scale {tuple(scale.shape)} does not cover [N={n}, K/128={k // GROUP}]")
+    values = fmt.unpack_ternary(packed[:, : fmt.packed_cols(k)].contiguous(), k)  # int8 [N, K], -1/0/+1
+    u = (values.to(torch.int32) + OFFSET).view(n, k // CODES_PER_WORD, CODES_PER_WORD)
+    shifts = torch.arange(0, 2 * CODES_PER_WORD, 2, dtype=torch.int32, device=u.device)
+    # Bits 30-31 of a word hold a code of up to 3: the sum wraps into int32's sign bit as intended.
+    words = (u.to(torch.int64) << shifts.to(torch.int64)).sum(-1)
+    words = torch.where(words >= 2**31, words - 2**32, words).to(torch.int32)
+    return {"weight": words.contiguous(), "weight_scale": scale[:, : k // GROUP].to(dtype).contiguous()}
+
+
+def from_humming_weight(words: torch.Tensor, k: int) -> torch.Tensor:
+    """Inverse of ``to_humming_tensors``'s weight (Humming's semantics: value = u - 2): int8 [N, K]."""
+    shifts = torch.arange(0, 2 * CODES_PER_WORD, 2, dtype=torch.int64, device=words.device)
+    u = (words.to(torch.int64).unsqueeze(-1) >> shifts) & 0b11
+    return (u - OFFSET).reshape(words.shape[0], k).to(torch.int8)
+
+
+def build_layer(packed: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None, k: int, dtype: torch.dtype,
+                activation_dtype: str | None = None) -> torch.nn.Module:
+    """A transformed ``humming.layer.HummingLayer`` holding the layer's codes on packed's device.
+    activation_dtype "int8": Humming's int2 x int8 path (activations quantized per token in the op)."""
+    from humming.layer import HummingLayer
+
+    n = packed.shape[0]
+    input_config = {"dtype": "int8", "quant_mode": "dynamic_token"} if activation_dtype == "int8" else None
+    with torch.device(packed.device):
+        layer = HummingLayer(shape_n=n, shape_k=k, weight_config={"dtype": "int2", "group_size": GROUP},
+                             input_config=input_config, has_bias=bias is not None, torch_dtype=dtype)
+    tensors = to_humming_tensors(packed, scale, k, dtype)
+    if bias is not None:
+        tensors["bias"] = bias.to(dtype)
+    layer.load_from_tensors(tensors)
+    layer.to(packed.device)
+    layer.transform()
+    return layer
+
+
+# Humming layers by key, for the opaque op below: torch.compile and CUDA graphs see one op with x
+# in and y out (Humming's Python-side tile heuristics read M, which Dynamo must not specialize on).
+_LAYERS: list[torch.nn.Module] = []
+
+
+def register(layer: torch.nn.Module, n: int) -> int:
+    _LAYERS.append(layer)
+    return len(_LAYERS) - 1
+
+
+@torch.library.custom_op("ternary_humming::linear", mutates_args=())
+def linear_op(x: torch.Tensor, key: int, n: int) -> torch.Tensor:
+    return _LAYERS[key](x)
+
+
+@linear_op.register_fake
+def _(x, key, n):
+    return x.new_empty((x.shape[0], n))

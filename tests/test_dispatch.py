@@ -1,0 +1,164 @@
+"""The GPU dispatch table (ternary_plugin/dispatch.py) on fake devices, on the CPU: every band
+boundary on the H200 (132 SMs, sm_90) and on a GPU of another SM count and generation, the
+environment overrides, the layout choice, and the Humming repack's bit layout."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from ternary_plugin import dispatch as d
+from ternary_plugin import format as fmt
+from ternary_plugin import humming_backend
+
+H200 = d.Device(132, (9, 0), "H200")
+A100 = d.Device(108, (8, 0), "A100")  # 108 SMs, no wgmma
+SMALL_HOPPER = d.Device(66, (9, 0), "half an H100")
+LIM = {lim.env: lim.default for lim in d.LIMITS}
+
+
+def kernel(m, n, k, dev=H200, lim=None, **call):
+    return d.plan(d.Call(m, n, k, **call), dev, lim=lim or LIM).kernel
+
+
+def band(m, n, k, dev=H200, lim=None, **call):
+    return d.plan(d.Call(m, n, k, **call), dev, lim=lim or LIM).band
+
+
+@pytest.mark.parametrize("dev", [H200, A100], ids=["h200", "a100"])
+def test_small_m_takes_the_tensor_core_kernel_at_any_n(dev):
+    for n in (1024, 4096, 24576):
+        assert [band(m, n, 1024, dev) for m in (1, 16, 17, 32)] == ["1", "1", "2", "2"]
+
+
+def test_narrow_layers_keep_the_tensor_core_kernel_while_its_tiles_fit_one_wave():
+    # ceil(N/16) x ceil(M/32) CTAs against 2 an SM: N 1024 at M 128 is 256 <= 264 on the H200 ...
+    assert kernel(128, 1024, 1024) == d.MMA and band(128, 1024, 1024) == "3"
+    assert kernel(129, 1024, 1024) == d.DEQUANT  # past TERNARY_MMA_NARROW_MAX_M
+    # ... 256 > 216 on 108 SMs, where M 96 (192 CTAs) still fits
+    assert kernel(128, 1024, 1024, A100) == d.DEQUANT
+    assert kernel(96, 1024, 1024, A100) == d.MMA
+    # N 1536 at M 96: 96 x 3 = 288 > 264, so the tiled kernel (48 CTAs of 64 x 64)
+    assert (kernel(96, 1536, 1024), band(96, 1536, 1024)) == (d.TILED, "5")
+    # N 1537 is not narrow
+    assert kernel(40, 1537, 1024) == d.TILED
+
+
+def test_the_tiled_kernel_up_to_m_64_and_then_while_one_wave_holds():
+    assert (kernel(64, 2048, 1024), band(64, 2048, 1024)) == (d.TILED, "4")
+    assert (kernel(65, 2048, 1024), band(65, 2048, 1024)) == (d.TILED, "5")  # 32 x 2 = 64 CTAs
+    assert kernel(65, 2048, 1024, SMALL_HOPPER) == d.TILED  # 64 CTAs <= 66 SMs
+    assert band(65, 2048, 1024, d.Device(63, (9, 0))) == "9"  # 64 CTAs > 63 SMs
+    assert (kernel(256, 1536, 1024), kernel(257, 1536, 1024)) == (d.TILED, d.DEQUANT)
+    assert kernel(64, 1535, 1024) == d.MMA  # narrower than TERNARY_TILED_MIN_N: band 3 first
+
+
+def test_wide_layers_take_wgmma_between_m_65_and_1023_on_hopper_only():
+    for m in (65, 300, 1023):
+        assert (kernel(m, 6144, 1024), band(m, 6144, 1024)) == (d.WGMMA, "6")
+        assert kernel(m, 6144, 1024, A100) == d.DEQUANT
+    assert kernel(300, 4095, 1024) == d.DEQUANT and kernel(300, 4096, 1024) == d.WGMMA
+    # M 1024 x N 6144: 192 tiles of 256 tokens, 1.45 waves -> not band 7
+    assert kernel(1024, 6144, 1024) == d.DEQUANT
+
+
+def test_wgmma_from_m_1024_where_its_tiles_fill_the_gpu():
+    assert (kernel(4096, 1024, 1024), band(4096, 1024, 1024)) == (d.WGMMA, "7")  # 128 tiles >= 0.9 x 132
+    assert kernel(2048, 1536, 1024) == d.DEQUANT  # 96 tiles: under 0.9 of a wave
+    assert kernel(8192, 4096, 1024) == d.WGMMA and kernel(8193, 4096, 1024) == d.DEQUANT
+
+
+def test_small_hopper_last_wave_rule():
+    # 96 tiles on 66 SMs: one full wave and 30 left, 2 x 30 < 66 -> no; on 64 SMs, 32 left -> yes
+    assert kernel(2048, 1536, 1024, SMALL_HOPPER) == d.DEQUANT
+    assert kernel(2048, 1536, 1024, d.Device(64, (9, 0))) == d.WGMMA
+
+
+def test_wgmma_needs_its_alignment_and_at_most_64_scale_blocks_a_row():
+    assert kernel(4096, 4096, 8192) == d.WGMMA  # 64 blocks
+    assert kernel(4096, 4096, 12288) == d.DEQUANT  # 96 blocks (8B down_proj at tp 1)
+    assert kernel(4096, 4096, 4096, rows_padded16=False) == d.DEQUANT
+    assert kernel(4096, 4096, 4096, x_aligned16=False) == d.DEQUANT
+    assert kernel(4096, 4096, 4100) == d.DEQUANT  # K % 8
+
+
+def test_shards_starting_inside_a_block():
+    # k_offset 118: no unit lines up -> gemv at M 1, dequantize + cuBLAS above
+    assert (kernel(1, 96, 502, k_offset=118), kernel(2, 96, 502, k_offset=118)) == (d.GEMV, d.DEQUANT)
+    # k_offset 64, block 128: the 64-weight unit (M 9-16, K <= 1024) lines up, the 128 one does not
+    assert kernel(12, 4096, 1024, k_offset=64) == d.MMA
+    assert kernel(4, 4096, 1024, k_offset=64) == d.DEQUANT
+    assert kernel(12, 4096, 2048, k_offset=64) == d.DEQUANT  # K > TERNARY_MMA64_MAX_K
+    assert kernel(1, 96, 502, k_offset=118, rows_padded8=False) == d.DEQUANT
+
+
+def test_environment_overrides_move_the_edges_and_bad_values_are_named():
+    lim = d.read_limits({"TERNARY_MMA_MAX_M": "8", "TERNARY_TILED_MAX_M": "0", "TERNARY_TILED_WAVE_MAX_M": "0"})
+    assert kernel(8, 4096, 1024, lim=lim) == d.MMA
+    assert kernel(9, 4096, 1024, lim=lim) == d.DEQUANT  # 4096 is not narrow, tiled off
+    lim = d.read_limits({"TERNARY_WGMMA_MAX_M": "0"})
+    assert kernel(4096, 1024, 1024, lim=lim) == d.DEQUANT
+    lim = d.read_limits({"TERNARY_TILED_MIN_N": "0", "TERNARY_MMA_NARROW_MAX_N": "0"})
+    assert kernel(64, 1024, 1024, lim=lim) == d.TILED
+    with pytest.raises(ValueError, match="TERNARY_MMA_MAX_M='lots': must be an integer"):
+        d.read_limits({"TERNARY_MMA_MAX_M": "lots"})
+
+
+def test_describe_matches_a_scan_of_every_m():
+    for n, k in ((1024, 768), (6144, 1024), (1536, 1024), (4096, 12288)):
+        text = d.describe(n, k, H200, "ternary", max_m=2048)
+        runs = []
+        for m in range(1, 2049):
+            name = d.plan(d.Call(m, n, k), H200).kernel_name
+            if runs and runs[-1][1] == name:
+                runs[-1][0][1] = m
+            else:
+                runs.append([[m, m], name])
+        assert [part.split(" (")[0] for part in text.split(", M ")] == [
+            ("M " if i == 0 else "") + f"{a}-{b} {name}" for i, ((a, b), name) in enumerate(runs)]
+
+
+def test_layout_choice():
+    kw = dict(humming_importable=True, lim=LIM)
+    assert d.plan_layout(24576, 4096, 128, 0, H200, backend="auto", **kw)[0] == "humming"
+    assert d.plan_layout(6144, 1024, 128, 0, H200, backend="auto", **kw)[0] == "ternary"  # below the size
+    assert d.plan_layout(6144, 1024, 128, 0, H200, backend="humming", **kw)[0] == "humming"
+    assert d.plan_layout(24576, 4096, 128, 0, H200, backend="ternary", **kw)[0] == "ternary"
+    layout, why = d.plan_layout(4096, 6144, 128, 64, H200, backend="humming", **kw)
+    assert layout == "ternary" and "starts 64 weights into a scale block" in why
+    assert "not a multiple of 128" in d.plan_layout(4096, 4100, 128, 0, H200, backend="humming", **kw)[1]
+    assert "sm_80" in d.plan_layout(24576, 4096, 128, 0, d.Device(40, (7, 5)), backend="auto", **kw)[1]
+    assert d.plan_layout(24576, 4096, 128, 0, H200, backend="auto", humming_importable=False, lim=LIM) == (
+        "ternary", "humming-kernels not installed")
+    with pytest.raises(RuntimeError, match="TERNARY_GPU_BACKEND=humming, but humming-kernels is not importable"):
+        d.plan_layout(24576, 4096, 128, 0, H200, backend="humming", humming_importable=False, lim=LIM)
+    with pytest.raises(ValueError, match="TERNARY_GPU_BACKEND='fast': must be one of auto, ternary, humming"):
+        d.plan_layout(24576, 4096, 128, 0, H200, backend="fast", **kw)
+    assert d.plan(d.Call(64, 24576, 4096), H200, layout="humming").backend == "humming"
+
+
+def test_the_docs_carry_the_table():
+    doc = (Path(__file__).resolve().parent.parent / "docs" / "kernel.md").read_text()
+    assert d.markdown() in doc, "docs/kernel.md: paste `python -m ternary_plugin.dispatch` into its Dispatch section"
+
+
+@pytest.mark.parametrize("n,k", [(3, 128), (5, 384), (2, 1024)])
+def test_humming_repack_keeps_every_code(n, k):
+    """Humming's documented int2 layout (humming/kernel/pack_weight.cuh, convert_weight.cuh):
+    16 codes an int32, code i in bits 2i..2i+1, offset binary (u - 2). Decoded here bit by bit."""
+    values = torch.randint(-1, 2, (n, k), dtype=torch.int8)
+    scale = (torch.rand(n, k // 128) + 0.01).to(torch.float16)
+    packed = torch.nn.functional.pad(fmt.pack_ternary(values), (0, 16))  # padded rows, as the GPU keeps them
+    t = humming_backend.to_humming_tensors(packed, scale, k, torch.bfloat16)
+    assert t["weight"].dtype == torch.int32 and tuple(t["weight"].shape) == (n, k // 16)
+    words = t["weight"].tolist()
+    for row in range(n):
+        for col in range(k):
+            u = (words[row][col // 16] & 0xFFFFFFFF) >> (2 * (col % 16)) & 0b11
+            assert u - 2 == int(values[row, col]), (row, col)
+    assert torch.equal(humming_backend.from_humming_weight(t["weight"], k), values)
+    assert torch.equal(t["weight_scale"], scale.to(torch.bfloat16))
+    with pytest.raises(ValueError, match="K=200 is not a multiple of 128"):
+        humming_backend.to_humming_tensors(fmt.pack_ternary(values[:, :200]), scale, 200, torch.bfloat16)

@@ -1,0 +1,93 @@
+"""Humming's layout of the format, on the GPU (skipped where there is no CUDA device or no
+humming-kernels): the codes survive the repack exactly, and the layer computes the format's GEMM."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from ternary_plugin import format as fmt
+from ternary_plugin import humming_backend
+
+pytestmark = pytest.mark.gpu
+if not torch.cuda.is_available():
+    pytest.skip("no CUDA device: run on the lent GPU machine (pytest -m gpu)", allow_module_level=True)
+if not humming_backend.importable():
+    pytest.skip("humming-kernels not importable", allow_module_level=True)
+
+SHAPES = [(256, 384), (1024, 1024), (640, 2048)]  # (N, K), multiples of 128
+
+
+def _weights(n, k, seed):
+    g = torch.Generator().manual_seed(seed)
+    values = torch.randint(-1, 2, (n, k), generator=g, dtype=torch.int8)
+    scale = (torch.rand(n, k // 128, generator=g) * 0.1 + 0.01).to(torch.float16)
+    return values, fmt.pack_ternary(values).cuda(), scale.cuda()
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("n,k", SHAPES)
+def test_every_code_and_scale_survives_the_repack(n, k, dtype):
+    """x = I (M = K) gives y = W^T: each output is one code times one scale (fp32 accumulation of a
+    single term, then one rounding), so y must equal code x scale-in-dtype exactly, element by
+    element: a code, a scale or a position out of place shows up here."""
+    values, packed, scale = _weights(n, k, seed=n + k)
+    layer = humming_backend.build_layer(packed, scale, None, k, dtype)
+    eye = torch.eye(k, dtype=dtype, device="cuda")
+    y = humming_backend.linear_op(eye, humming_backend.register(layer, n), n)  # [K, N]
+    expect = (values.t().cuda().to(torch.float32)
+              * fmt.expand_scales(scale.cpu(), k, 128, 0).t().cuda().to(dtype).to(torch.float32)).to(dtype)
+    assert torch.equal(y, expect)
+
+
+@pytest.mark.parametrize("m", [1, 7, 64, 300, 2048])
+def test_humming_layer_matches_the_float64_reference(m):
+    n, k = 1024, 2048
+    values, packed, scale = _weights(n, k, seed=m)
+    g = torch.Generator().manual_seed(100 + m)
+    x = torch.randn(m, k, generator=g).to(torch.bfloat16)
+    bias = torch.randn(n, generator=g).to(torch.bfloat16)
+    layer = humming_backend.build_layer(packed, scale, bias.cuda(), k, torch.bfloat16)
+    torch.cuda.synchronize()
+    poison = torch.full((m * n * 2,), float("nan"), dtype=torch.bfloat16, device="cuda")
+    del poison
+    y = layer(x.cuda())
+    w = values.double() * fmt.expand_scales(scale.cpu(), k, 128, 0).double()
+    ref = x.double() @ w.t() + bias.double()
+    assert not y.isnan().any()
+    assert float((y.cpu().double() - ref).norm() / ref.norm()) < 1e-2
+
+
+def test_w2a8_layer_is_close_to_bf16_activations():
+    """Humming's int2 x int8 path (activations quantized per token inside the op)."""
+    n, k, m = 1024, 2048, 256
+    values, packed, scale = _weights(n, k, seed=5)
+    x = torch.randn(m, k, generator=torch.Generator().manual_seed(6)).to(torch.bfloat16).cuda()
+    w8 = humming_backend.build_layer(packed, scale, None, k, torch.bfloat16, activation_dtype="int8")
+    y = w8(x)
+    w = values.double() * fmt.expand_scales(scale.cpu(), k, 128, 0).double()
+    ref = x.cpu().double() @ w.t()
+    assert float((y.cpu().double() - ref).norm() / ref.norm()) < 2e-2
+
+
+def test_graph_capture_equals_eager():
+    n, k = 1024, 1024
+    _, packed, scale = _weights(n, k, seed=9)
+    layer = humming_backend.build_layer(packed, scale, None, k, torch.bfloat16)
+    key = humming_backend.register(layer, n)
+    x = torch.randn(48, k, device="cuda", dtype=torch.bfloat16)
+    expect = humming_backend.linear_op(x, key, n)
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        humming_backend.linear_op(x, key, n)
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = humming_backend.linear_op(x, key, n)
+    out.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, expect)
+    compiled = torch.compile(lambda a: humming_backend.linear_op(a, key, n), fullgraph=True, dynamic=True)
+    assert torch.equal(compiled(x), expect)
