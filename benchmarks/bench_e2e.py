@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import statistics
 import subprocess
@@ -134,7 +135,8 @@ def _timed(fn, reps: int) -> list[float]:
     return times
 
 
-def offline(model: Path, label: str, out: Path, reference: bool) -> int:
+def offline(model: Path, label: str, out: Path, reference: bool, quick: bool = False,
+            hf_overrides: dict | None = None) -> int:
     import random
 
     from benchmarks.bench_serve import percentile
@@ -150,7 +152,8 @@ def offline(model: Path, label: str, out: Path, reference: bool) -> int:
     positions = getattr(AutoConfig.from_pretrained(model), "max_position_embeddings", 1024)
     t0 = time.time()
     llm = LLM(model=str(model), runner="pooling", dtype="bfloat16", seed=0, max_model_len=1024 if positions >= 1024 else None,
-              max_num_batched_tokens=16384, gpu_memory_utilization=0.5, worker_extension_cls=EXTENSION)
+              max_num_batched_tokens=16384, gpu_memory_utilization=0.5, worker_extension_cls=EXTENSION,
+              **({"hf_overrides": hf_overrides} if hf_overrides else {}))
     start_s = time.time() - t0
     max_len = llm.llm_engine.model_config.max_model_len
     vocab = min(llm.get_tokenizer().vocab_size, 1000)
@@ -161,7 +164,8 @@ def offline(model: Path, label: str, out: Path, reference: bool) -> int:
 
     result = {
         "model": str(model), "label": label, "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else platform.processor() or "cpu", "engine_start_s": round(start_s, 1),
-        "memory": llm.collective_rpc("weight_memory")[0],
+        "memory": llm.collective_rpc("weight_memory")[0], "hf_overrides": hf_overrides,
+        "env": {k: v for k, v in sorted(os.environ.items()) if k.startswith("TERNARY_")},
     }
     one = prompts(1, LATENCY_TOKENS)
     for _ in range(10):
@@ -170,8 +174,8 @@ def offline(model: Path, label: str, out: Path, reference: bool) -> int:
     result["latency_16tok_ms"] = {"p50": round(1000 * percentile(lat, 50), 3), "p90": round(1000 * percentile(lat, 90), 3),
                                   "min": round(1000 * min(lat), 3)}
     rows = []
-    for length in [n for n in SEQ_LENS if n <= max_len]:
-        for batch in BATCHES:
+    for length in [n for n in ((512,) if quick else SEQ_LENS) if n <= max_len]:
+        for batch in (64,) if quick else BATCHES:
             ps = prompts(batch, length)
             llm.embed(ps, use_tqdm=False)  # warm-up (and CUDA-graph shapes)
             reps = 10 if batch * length <= 4096 else 5
@@ -389,6 +393,8 @@ def main(argv=None) -> int:
     p.add_argument("label")
     p.add_argument("out", type=Path)
     p.add_argument("--reference", action="store_true")
+    p.add_argument("--quick", action="store_true", help="one throughput point (512 tokens x 64) instead of the sweep")
+    p.add_argument("--hf-overrides", type=json.loads, default=None, help="JSON passed to vLLM as hf_overrides")
     p = sub.add_parser("report")
     p.add_argument("parts", type=Path)
     p.add_argument("--out", type=Path, default=REPO / "benchmarks/results")
@@ -399,7 +405,7 @@ def main(argv=None) -> int:
     if a.cmd == "prepare":
         return prepare(a.out, a.minilm, qwen=not a.skip_qwen)
     if a.cmd == "offline":
-        return offline(a.model, a.label, a.out, a.reference)
+        return offline(a.model, a.label, a.out, a.reference, a.quick, a.hf_overrides)
     return report(a.parts, a.out, a.name)
 
 

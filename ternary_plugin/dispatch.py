@@ -57,12 +57,16 @@ LIMITS: tuple[Limit, ...] = (
     Limit("TERNARY_WGMMA_WIDE_MIN_M", 65, "smallest M of the wgmma kernel on wide layers (band 6; 0: off)"),
     Limit("TERNARY_WGMMA_WIDE_MAX_M", 1023, "largest M of the wgmma kernel on wide layers (band 6)"),
     Limit("TERNARY_WGMMA_WIDE_MIN_N", 4096, "narrowest N counted as wide (band 6)"),
+    Limit("TERNARY_BOTH_OURS_MAX_M", 8,
+          "on a layer holding both layouts, largest M that keeps this repository's tensor-core kernel (band H2)"),
+    Limit("TERNARY_BOTH_WGMMA_MIN_M", 256,
+          "on a layer holding both layouts, smallest M that keeps this repository's wgmma kernel (band H2)"),
     Limit("TERNARY_HUMMING_MIN_WEIGHTS", 16_777_216,
           "smallest N x K of a layer that takes Humming's layout when `TERNARY_GPU_BACKEND` is auto (0: every "
           "eligible layer)"),
 )
 BACKEND_ENV = "TERNARY_GPU_BACKEND"
-BACKENDS = ("auto", "ternary", "humming")
+BACKENDS = ("auto", "ternary", "humming", "both")
 
 
 def read_limits(environ: dict[str, str] | None = None) -> dict[str, int]:
@@ -243,13 +247,26 @@ BANDS: tuple[Band, ...] = (
 )
 
 HUMMING_BAND = Band(
-    "H", "the layer holds Humming's layout (plan_layout): every M", 0,
+    "H", "the layer holds Humming's layout only (plan_layout): every M", 0,
     "Humming's own heuristics (tile, stages, stream-K) per (M, N, K)",
-    "8B shapes (K >= 4096) per decoder layer, same harness: Humming 1.56/1.25/0.80/0.84x cuBLAS at M 16/64/256/1024 "
-    "against this repository's 1.27/0.51/0.66/0.80x; on 0.6B shapes it lost at every M (1.10 vs 2.19x at M 1): "
-    "benchmarks/results/kernel-h200.md",
+    "8B shapes per decoder layer (kernel-h200.md): Humming 1.59/1.29/1.06x cuBLAS at M 16/64/128 against this "
+    "repository's 1.31/0.53/0.70x; on the 0.6B shapes it lost at every M (1.17 vs 2.45x at M 1, 0.48 vs 0.67x at 256)",
     lambda c, d, l: True,
 )
+BOTH_BAND = Band(
+    "H2", "the layer holds both layouts (TERNARY_GPU_BACKEND=both): this repository's kernel where bands 1-9 give "
+          "mma.sync at M <= 8 or wgmma at M >= 256, Humming elsewhere", 0,
+    "the band's kernel, or Humming's",
+    "8B layers (kernel-h200.md): mma.sync at M 1-4 8.3/6.1/23.5/15.2 us against Humming's 11.8/9.2/27.1/16.0; wgmma at "
+    "M >= 256 on o 21.3-177 vs 23.4-195 and gate_up M 512-4096 135-1081 vs 153-1222; Humming on everything else "
+    "(gate_up M 16 29.3 vs 42.5, down M 256 49.6 vs dequantize + cuBLAS 89.9)",
+    lambda c, d, l: True,
+)
+
+
+def _ours_on_both(choice: Choice, m: int, lim: dict[str, int]) -> bool:
+    return ((choice.kernel == MMA and m <= lim["TERNARY_BOTH_OURS_MAX_M"])
+            or (choice.kernel == WGMMA and m >= lim["TERNARY_BOTH_WGMMA_MIN_M"]))
 
 
 @functools.lru_cache(maxsize=4096)
@@ -266,7 +283,11 @@ def plan(call: Call, dev: Device, layout: str = "ternary", lim: dict[str, int] |
     """The kernel for ``call`` on ``dev`` (``lim``: the limits, default from the environment)."""
     if layout == "humming":
         return Choice("humming", 0, HUMMING_BAND.name)
-    return _plan(call, dev, tuple(sorted((lim if lim is not None else limits()).items())))
+    lim = lim if lim is not None else limits()
+    ours = _plan(call, dev, tuple(sorted(lim.items())))
+    if layout == "both" and not _ours_on_both(ours, call.m, lim):
+        return Choice("humming", 0, BOTH_BAND.name)
+    return ours
 
 
 def humming_eligible(n: int, k: int, block_size: int, k_offset: int, dtype_ok: bool) -> str | None:
@@ -284,13 +305,15 @@ def humming_eligible(n: int, k: int, block_size: int, k_offset: int, dtype_ok: b
 
 
 def plan_layout(n: int, k: int, block_size: int, k_offset: int, dev: Device, *, backend: str,
-                humming_importable: bool, dtype_ok: bool = True, lim: dict[str, int] | None = None
-                ) -> tuple[str, str]:
+                humming_importable: bool, dtype_ok: bool = True, lim: dict[str, int] | None = None,
+                activation_dtype: str | None = None) -> tuple[str, str]:
     """(layout, why) for a layer of N x K on ``dev``. ``backend`` is TERNARY_GPU_BACKEND's value:
     auto takes Humming's layout where Humming is importable, the device is sm_80+, the layer is
     eligible and has at least TERNARY_HUMMING_MIN_WEIGHTS weights (measured: Humming won on the
-    8B shapes from M 16 and lost on the 0.6B ones at every M); ternary never; humming wherever
-    eligible (an error where Humming is missing)."""
+    8B shapes from M 16 and lost on the 0.6B ones at every M), and at any size in the int8-activation
+    mode (``activation_dtype`` "int8": this repository has no int8 GPU kernel); both does the same
+    but keeps the ternary layout too (twice the packed bytes) and takes, per M, the kernel band H2
+    names; ternary never; humming wherever eligible (an error where Humming is missing)."""
     if backend not in BACKENDS:
         raise ValueError(f"{BACKEND_ENV}={backend!r}: must be one of {', '.join(BACKENDS)}")
     lim = lim if lim is not None else limits()
@@ -306,14 +329,18 @@ def plan_layout(n: int, k: int, block_size: int, k_offset: int, dev: Device, *, 
     why_not = humming_eligible(n, k, block_size, k_offset, dtype_ok)
     if why_not:
         return "ternary", why_not
-    if backend == "auto" and n * k < lim["TERNARY_HUMMING_MIN_WEIGHTS"]:
+    if activation_dtype == "int8":
+        return "humming", "int8 activations: Humming's int2 x int8 kernel"
+    if backend in ("auto", "both") and n * k < lim["TERNARY_HUMMING_MIN_WEIGHTS"]:
         return "ternary", f"N x K = {n * k} < TERNARY_HUMMING_MIN_WEIGHTS ({lim['TERNARY_HUMMING_MIN_WEIGHTS']})"
+    if backend == "both":
+        return "both", f"{BACKEND_ENV}=both, N x K = {n * k}: twice the packed bytes, the faster kernel at each M"
     return "humming", f"{BACKEND_ENV}={backend}, N x K = {n * k}"
 
 
 def markdown() -> str:
     rows = ["| band | condition (M, N, K, GPU) | kernel, tile | why (measurement) |", "|---|---|---|---|"]
-    for b in (*BANDS, HUMMING_BAND):
+    for b in (*BANDS, HUMMING_BAND, BOTH_BAND):
         rows.append(f"| {b.name} | {b.condition} | {b.tile} | {b.reason} |")
     rows += ["", "| variable | default | meaning |", "|---|---|---|"]
     rows += [f"| `{lim.env}` | {lim.default} | {lim.meaning} |" for lim in LIMITS]
@@ -336,7 +363,7 @@ def describe(n: int, k: int, dev: Device, layout: str, max_m: int = 16384) -> st
     runs: list[list] = []
     for i, m in enumerate(starts):
         end = starts[i + 1] - 1 if i + 1 < len(starts) else max_m
-        c = plan(Call(m, n, k), dev)
+        c = plan(Call(m, n, k), dev, layout)
         if runs and runs[-1][2] == c.kernel_name:
             runs[-1][1] = end
             if c.band not in runs[-1][3]:

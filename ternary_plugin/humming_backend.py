@@ -96,10 +96,18 @@ def register(layer: torch.nn.Module, n: int) -> int:
 
 
 @torch.library.custom_op("ternary_humming::linear", mutates_args=())
-def linear_op(x: torch.Tensor, key: int, n: int) -> torch.Tensor:
+def linear_op(x: torch.Tensor, key: int, n: int, packed: torch.Tensor | None = None,
+              scale: torch.Tensor | None = None, block_size: int = 128, k_offset: int = 0) -> torch.Tensor:
+    """y = x @ W^T through Humming; with ``packed`` and ``scale`` (a layer holding both layouts),
+    through this repository's kernel where dispatch.plan's band H2 says it is the faster."""
+    if packed is not None:
+        from . import ops
+
+        if ops.cuda_plan(x, packed, block_size, k_offset, layout="both").backend == "ternary":
+            return torch.ops.ternary_serve.gemm(x, packed, scale, None, block_size, k_offset)
     return _LAYERS[key](x)
 
 
 @linear_op.register_fake
-def _(x, key, n):
+def _(x, key, n, packed=None, scale=None, block_size=128, k_offset=0):
     return x.new_empty((x.shape[0], n))

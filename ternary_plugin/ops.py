@@ -157,21 +157,22 @@ _devices: dict[int, dispatch.Device] = {}
 _plans: dict[tuple, dispatch.Choice] = {}
 
 
-def cuda_plan(x: torch.Tensor, packed: torch.Tensor, block_size: int, k_offset: int) -> dispatch.Choice:
-    """The kernel ``torch.ops.ternary_serve.gemm`` takes for these CUDA tensors (dispatch.plan),
-    memoised per (shape, alignment, device): a dictionary lookup on the hot path."""
+def cuda_plan(x: torch.Tensor, packed: torch.Tensor, block_size: int, k_offset: int,
+              layout: str = "ternary") -> dispatch.Choice:
+    """The kernel ``torch.ops.ternary_serve.gemm`` takes for these CUDA tensors (dispatch.plan;
+    layout "both": or Humming's), memoised per (shape, alignment, device): a dictionary lookup."""
     index = x.device.index if x.device.index is not None else torch.cuda.current_device()
     ldp, pptr = packed.shape[1], packed.data_ptr()
     key = (x.shape[0], packed.shape[0], x.shape[1], block_size, k_offset, ldp % 16 == 0 and pptr % 16 == 0,
-           ldp % 8 == 0 and pptr % 8 == 0, x.data_ptr() % 16 == 0, index)
+           ldp % 8 == 0 and pptr % 8 == 0, x.data_ptr() % 16 == 0, index, layout)
     choice = _plans.get(key)
     if choice is None:
         dev = _devices.get(index)
         if dev is None:
             dev = _devices[index] = dispatch.device_of(index)
-        m, n, k, bs, ko, r16, r8, x16, _ = key
+        m, n, k, bs, ko, r16, r8, x16, _, _ = key
         choice = _plans[key] = dispatch.plan(
-            dispatch.Call(m, n, k, bs, ko, rows_padded8=r8, rows_padded16=r16, x_aligned16=x16), dev)
+            dispatch.Call(m, n, k, bs, ko, rows_padded8=r8, rows_padded16=r16, x_aligned16=x16), dev, layout)
     return choice
 
 

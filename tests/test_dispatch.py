@@ -162,3 +162,31 @@ def test_humming_repack_keeps_every_code(n, k):
     assert torch.equal(t["weight_scale"], scale.to(torch.bfloat16))
     with pytest.raises(ValueError, match="K=200 is not a multiple of 128"):
         humming_backend.to_humming_tensors(fmt.pack_ternary(values[:, :200]), scale, 200, torch.bfloat16)
+
+
+def test_int8_activations_take_hummings_layout_at_any_size():
+    kw = dict(humming_importable=True, lim=LIM, activation_dtype="int8")
+    assert d.plan_layout(1024, 768, 128, 0, H200, backend="auto", **kw)[0] == "humming"
+    assert d.plan_layout(1024, 768, 128, 64, H200, backend="auto", **kw)[0] == "ternary"  # ineligible shard
+
+
+def test_a_layer_with_both_layouts_keeps_our_kernel_at_small_m_and_on_wgmma_from_256():
+    kw = dict(humming_importable=True, lim=LIM)
+    assert d.plan_layout(24576, 4096, 128, 0, H200, backend="both", **kw)[0] == "both"
+    assert d.plan_layout(6144, 1024, 128, 0, H200, backend="both", **kw)[0] == "ternary"  # below the size
+
+    def on_both(m, n, k, dev=H200):
+        c = d.plan(d.Call(m, n, k), dev, "both", lim=LIM)
+        return c.kernel_name, c.band
+
+    assert on_both(8, 24576, 4096) == ("mma.sync", "1")
+    assert on_both(9, 24576, 4096) == ("humming int2", "H2")
+    assert on_both(255, 24576, 4096) == ("humming int2", "H2")  # wgmma there, but under 256
+    assert on_both(256, 24576, 4096) == ("wgmma", "6")
+    assert on_both(8193, 24576, 4096) == ("humming int2", "H2")  # dequantize + cuBLAS there
+    assert on_both(4096, 4096, 12288) == ("humming int2", "H2")  # no wgmma at 96 scale blocks
+    assert on_both(512, 24576, 4096, A100) == ("humming int2", "H2")  # no wgmma off Hopper
+    lim = dict(LIM, TERNARY_BOTH_OURS_MAX_M=16)
+    assert d.plan(d.Call(16, 24576, 4096), H200, "both", lim=lim).kernel == d.MMA
+    assert "M 1-8 mma.sync (1), M 9-255 humming int2 (H2), M 256-8192 wgmma (6, 7)" in d.describe(
+        24576, 4096, H200, "both")

@@ -5,6 +5,7 @@
 # vLLM 0.25.1) and bash benchmarks/gpu/gpu_wheels.sh (.whl, .whl2: carry them with the p2 call).
 #
 #   bash benchmarks/gpu/gpu_e2e_run.sh setup kernel        # build + install, GPU tests, memcheck, kernel bench
+#   bash benchmarks/gpu/gpu_e2e_run.sh setup band          # build, GPU tests + Humming's, memcheck, bench_band.py
 #   bash benchmarks/gpu/gpu_e2e_run.sh wgmma               # the wgmma kernel's tests, memcheck, bench at M >= 64
 #   ORDER="mma floor" bash benchmarks/probes/run_probes.sh  # kernels alone, outside torch (seconds; no setup)
 #   bash benchmarks/gpu/gpu_e2e_run.sh profile_tiled       # ncu on the tiled kernel (profile: the small-M one)
@@ -99,6 +100,22 @@ stage_kernel() {
   grep -E "^Geometric|^Worst|^Tiled kernel|^wgmma kernel|WRONG" "$OUT/kernel-h200.md"
 }
 
+# The dispatch table and Humming's layout (the band issue): the GPU tests of every kernel and
+# backend, memcheck on the table's cases and Humming's, then bench_band.py (kernel-h200.{json,md})
+stage_band() {
+  nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv
+  python3 -c "import humming.layer; print('humming importable')" || echo "humming NOT importable"
+  python3 -X faulthandler -m pytest -q -p no:cacheprovider -m gpu tests/test_kernel_gpu.py tests/test_humming_gpu.py \
+    -k "not bad_inputs" > "$OUT/gpu_tests.log" 2>&1
+  tail -3 "$OUT/gpu_tests.log"; grep -E "^FAILED|^ERROR" "$OUT/gpu_tests.log" | head -20
+  timeout 200 compute-sanitizer --tool memcheck --print-limit 20 python3 -m pytest -q -p no:cacheprovider \
+    tests/test_kernel_gpu.py tests/test_humming_gpu.py -k "table_names or repack or float64_reference and not gemm" \
+    > "$OUT/memcheck.log" 2>&1
+  tail -3 "$OUT/memcheck.log"
+  python3 benchmarks/bench_band.py --out "$OUT" ${BAND_ARGS:-} > "$LOGS/bench_band.log" 2>&1 || tail -30 "$LOGS/bench_band.log"
+  tail -45 "$LOGS/bench_band.log"
+}
+
 # The wgmma kernel alone (a short call while it is being built): its GPU tests, memcheck on its
 # small cases, and the kernel bench at M >= 64 (kernel-wgmma.md)
 stage_wgmma() {
@@ -173,6 +190,26 @@ stage_offline() {
   offline_run models/qwen3-embedding-0.6b-ternary qwen3-ternary --reference
   offline_run models/qwen3-embedding-0.6b-bf16 qwen3-bf16
   grep -hE "tok/s|p50" "$LOGS"/offline-qwen3-*.log | grep -v INFO | head -30
+}
+
+# The band issue's end-to-end check: the 0.6B-shaped model made, converted and validated, then vLLM
+# offline with each GPU layout (TERNARY_GPU_BACKEND auto = the ternary layout at these sizes,
+# humming, both), each against the transformers reference, and bf16; W2A8=1 adds the int8-activation
+# mode (hf_overrides), its cosine being against bf16 activations
+stage_dispatch_e2e() {
+  [ -e models/qwen3-embedding-0.6b-ternary/config.json ] || stage_prepare
+  offline_run models/qwen3-embedding-0.6b-ternary qwen3-ternary --reference
+  TERNARY_GPU_BACKEND=humming offline_run models/qwen3-embedding-0.6b-ternary qwen3-ternary-humming --reference --quick
+  TERNARY_GPU_BACKEND=both offline_run models/qwen3-embedding-0.6b-ternary qwen3-ternary-both --reference --quick
+  if [ -n "${W2A8:-}" ]; then
+    offline_run models/qwen3-embedding-0.6b-ternary qwen3-ternary-w2a8 --reference --quick \
+      --hf-overrides '{"quantization_config": {"activation_dtype": "int8"}}'
+  fi
+  offline_run models/qwen3-embedding-0.6b-bf16 qwen3-bf16 --quick
+  for f in "$OUT"/offline-qwen3-*.json; do
+    python3 -c "import json,sys; r=json.load(open(sys.argv[1])); print(r['label'], 'cos', r.get('cosine_vs_reference'), 'p50', r['latency_16tok_ms']['p50'], 'linear MB', r['memory']['linear_weight_bytes']//2**20, [round(t['tokens_per_s']) for t in r['throughput']])" "$f"
+  done
+  grep -h "ternary layer N" "$LOGS"/offline-qwen3-*.log | sed 's/.*ternary layer/ternary layer/' | sort -u | head -12
 }
 
 stage_minilm() {

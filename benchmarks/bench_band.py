@@ -1,0 +1,239 @@
+"""The serving band on real model sizes: per layer and per decoder layer, the plugin's GEMM against
+cuBLAS bf16 and Humming, on Qwen3-Embedding-0.6B and -8B shapes, M 1-16384.
+
+    python benchmarks/bench_band.py [--out benchmarks/results] [--ms 1 4 16 ...] [--models 0.6B 8B 0.6B/tp4]
+
+Per (model, layer, M), one harness for every variant (bench_kernel.time_graph: CUDA graphs of
+back-to-back calls, inputs rotated past 2x L2, median of --replays replays):
+- ternary_us: what the plugin runs for the layer: its layout (dispatch.plan_layout, default backend
+  auto) and, on the ternary layout, the kernel dispatch.plan names (`backend` says which);
+- ours_us: this repository's kernels on the ternary layout (torch.ops.ternary_serve.gemm);
+- cublas_bf16_us: torch.mm on the dequantized bf16 weight;
+- humming_w2a16_us / humming_w2a8_us: Humming int2 group 128 on the same codes and scales
+  (ternary_plugin/humming_backend.py), bf16 activations / int8 activations per token (null where
+  humming-kernels is not importable);
+- ternary_w2a8_us: the plugin's int8-activation mode (Humming's int2 x int8 where the layer can take
+  Humming's layout; null where no W2A8 kernel serves the layer).
+Every variant is checked against a float64 reference before it is timed (relative error in the row).
+`per_layer` sums the four layers per (model, M). Writes kernel-h200.{json,md} (and the PNG through
+benchmarks/plot_kernel.py --band).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import platform
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from benchmarks.bench_kernel import ceilings, random_layers, rotating_copies, time_graph  # noqa: E402
+
+MODELS = {
+    "0.6B": [("qkv", 1024, 4096), ("o", 2048, 1024), ("gate_up", 1024, 6144), ("down", 3072, 1024)],
+    "8B": [("qkv", 4096, 6144), ("o", 4096, 4096), ("gate_up", 4096, 24576), ("down", 12288, 4096)],
+    "0.6B/tp4": [("qkv", 1024, 1024), ("o", 512, 1024), ("gate_up", 1024, 1536), ("down", 768, 1024)],
+}
+MS = [1, 4, 16, 32, 64, 128, 256, 512, 1024, 4096, 16384]
+KEYS = ("ternary_us", "ours_us", "both_us", "cublas_bf16_us", "humming_w2a16_us", "humming_w2a8_us",
+        "ternary_w2a8_us")
+
+
+def _rel(y: torch.Tensor, ref: torch.Tensor) -> float:
+    return float((y.double() - ref).norm() / ref.norm())
+
+
+def bench_layer(model, layer, k, n, m, l2, replays, humming_ok):
+    from ternary_plugin import dispatch, humming_backend, ops
+    from ternary_plugin import format as fmt
+
+    g = torch.Generator(device="cuda").manual_seed(m * 7 + k + n)
+    tern_bytes = n * fmt.packed_cols(k) + n * fmt.scale_cols(k) * 2
+    x_bytes = m * k * 2
+    copies_t = min(rotating_copies(l2, tern_bytes + x_bytes), 32)
+    copies_b = min(rotating_copies(l2, n * k * 2 + x_bytes), 16)
+    xs = [torch.randn(m, k, device="cuda", generator=g).to(torch.bfloat16)
+          for _ in range(max(copies_t, copies_b) if x_bytes < 64 << 20 else 2)]
+    packs, scales = random_layers(n, k, copies_t, g)
+    ws = [fmt.dequantize_ternary(packs[i % copies_t][:, : fmt.packed_cols(k)], scales[i % copies_t], k, 128,
+                                 dtype=torch.bfloat16) for i in range(copies_b)]
+    ref = xs[0].double() @ ws[0].double().t()
+    row = {"model": model, "layer": layer, "M": m, "K": k, "N": n}
+    errors = {}
+
+    y = torch.ops.ternary_serve.gemm(xs[0], packs[0], scales[0], None, 128, 0)
+    errors["ours"] = _rel(y, ref)
+    choice = ops.cuda_plan(xs[0], packs[0], 128, 0)
+    row["ours_kernel"] = f"{choice.kernel_name} (band {choice.band})"
+    row["ours_us"] = time_graph([lambda i=i: torch.ops.ternary_serve.gemm(xs[i % len(xs)], packs[i], scales[i], None,
+                                                                         128, 0) for i in range(copies_t)], replays)
+    row["cublas_bf16_us"] = time_graph([lambda i=i: torch.mm(xs[i % len(xs)], ws[i].t()) for i in range(copies_b)],
+                                       replays)
+    row["humming_w2a16_us"] = row["humming_w2a8_us"] = None
+    if humming_ok:
+        for mode, key in ((None, "humming_w2a16_us"), ("int8", "humming_w2a8_us")):
+            layers = [humming_backend.build_layer(packs[i], scales[i], None, k, torch.bfloat16, mode)
+                      for i in range(copies_t)]
+            err = _rel(layers[0](xs[0]), ref)
+            errors[key.removesuffix("_us")] = err
+            if err < (1e-2 if mode is None else 3e-2):
+                row[key] = time_graph([lambda i=i: layers[i](xs[i % len(xs)]) for i in range(copies_t)], replays)
+            del layers
+    dev = dispatch.device_of(0)
+    layout, why = dispatch.plan_layout(n, k, 128, 0, dev, backend="auto", humming_importable=humming_ok)
+    layout8, _ = dispatch.plan_layout(n, k, 128, 0, dev, backend="auto", humming_importable=humming_ok,
+                                      activation_dtype="int8")
+    row["layout"], row["layout_why"] = layout, why
+    row["backend"] = "humming int2" if layout == "humming" else f"ternary: {row['ours_kernel']}"
+    row["ternary_us"] = row["humming_w2a16_us"] if layout == "humming" else row["ours_us"]
+    row["ternary_w2a8_us"] = row["humming_w2a8_us"] if layout8 == "humming" else None
+    # TERNARY_GPU_BACKEND=both (a layer holding both layouts): the time of the kernel band H2 picks,
+    # from the two timed above (the same kernels in the same harness; the op's choice is a lookup)
+    both = dispatch.plan_layout(n, k, 128, 0, dev, backend="both", humming_importable=humming_ok)[0]
+    pick = (dispatch.plan(dispatch.Call(m, n, k), dev, "both").backend if both == "both" else "ternary")
+    row["both_backend"] = pick
+    row["both_us"] = row["humming_w2a16_us"] if pick == "humming" else row["ours_us"]
+    for key in KEYS:
+        if row.get(key) is not None:
+            row[key] = round(row[key], 3)
+    row["rel_err"] = {key: float(f"{v:.3e}") for key, v in errors.items()}
+    row["speedup_vs_cublas"] = round(row["cublas_bf16_us"] / row["ternary_us"], 3) if row["ternary_us"] else None
+    return row
+
+
+def per_layer(rows: list) -> list:
+    out = []
+    for model in dict.fromkeys(r["model"] for r in rows):
+        for m in dict.fromkeys(r["M"] for r in rows if r["model"] == model):
+            group = [r for r in rows if r["model"] == model and r["M"] == m]
+            entry = {"model": model, "M": m, "layers": len(group)}
+            for key in KEYS:
+                vals = [r[key] for r in group]
+                entry[key] = round(sum(vals), 3) if all(v is not None for v in vals) else None
+            cub = entry["cublas_bf16_us"]
+            for key in KEYS:
+                if key != "cublas_bf16_us":
+                    entry["speedup_" + key.removesuffix("_us")] = round(cub / entry[key], 3) if entry[key] else None
+            out.append(entry)
+    return out
+
+
+def _x(v):
+    return f"{v:.2f}x" if v else "-"
+
+
+def markdown(result: dict) -> str:
+    lines = [f"# The serving band on {result['gpu']} ({result['sms']} SMs)", "",
+             f"torch {result['torch']}, CUDA {result['cuda']}, humming-kernels {result['humming']}; ceilings here: copy "
+             f"{result['ceilings']['copy_TBps']} TB/s, bf16 8192^3 matmul {result['ceilings']['bf16_matmul_8192_TFLOPs']} "
+             "TFLOP/s.", f"Command: `{result['command']}`. Medians of CUDA-graph replays, inputs rotated past 2x L2.",
+             "", "Per decoder layer (the four linear layers summed), speed-up over cuBLAS bf16; `op` is what the "
+             "plugin runs by default (its layout and dispatch), `ours` this repository's kernels on the ternary "
+             "layout, `both layouts` the plugin with TERNARY_GPU_BACKEND=both (twice the packed bytes on the "
+             "layers that take it; per M the kernel of band H2, its time the timed one of that kernel):", "",
+             "| model | M | op | ours | op, both layouts | Humming w2a16 | op W2A8 | Humming w2a8 | op us | cuBLAS us |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for e in result["per_layer"]:
+        lines.append(f"| {e['model']} | {e['M']} | {_x(e['speedup_ternary'])} | {_x(e['speedup_ours'])} | "
+                     f"{_x(e['speedup_both'])} | "
+                     f"{_x(e['speedup_humming_w2a16'])} | {_x(e['speedup_ternary_w2a8'])} | "
+                     f"{_x(e['speedup_humming_w2a8'])} | {e['ternary_us']} | {e['cublas_bf16_us']} |")
+    lines += ["", "Per layer (us):", "",
+              "| model | layer | M | K | N | op | backend | ours | cuBLAS bf16 | Humming w2a16 | Humming w2a8 | rel. err. |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in result["rows"]:
+        errs = ", ".join(f"{k} {v:.1e}" for k, v in r["rel_err"].items())
+        lines.append(f"| {r['model']} | {r['layer']} | {r['M']} | {r['K']} | {r['N']} | {r['ternary_us']} | "
+                     f"{r['backend']} | {r['ours_us']} | {r['cublas_bf16_us']} | {r['humming_w2a16_us'] or '-'} | "
+                     f"{r['humming_w2a8_us'] or '-'} | {errs} |")
+    return "\n".join(lines) + "\n"
+
+
+def warm_humming(model: str, layer: str, ms: list[int]) -> None:
+    """Run Humming once at every M and mode for one layer: its JIT compiles land in its on-disk
+    cache (humming/jit/compiler.py), so the timed run that follows finds them there."""
+    from ternary_plugin import humming_backend
+
+    k, n = next((k, n) for name, k, n in MODELS[model] if name == layer)
+    g = torch.Generator(device="cuda").manual_seed(0)
+    packs, scales = random_layers(n, k, 1, g)
+    for mode in (None, "int8"):
+        hl = humming_backend.build_layer(packs[0], scales[0], None, k, torch.bfloat16, mode)
+        for m in ms:
+            hl(torch.randn(m, k, device="cuda", dtype=torch.bfloat16))
+    torch.cuda.synchronize()
+
+
+def warm_all(models: list[str], ms: list[int]) -> None:
+    """warm_humming for every layer, in parallel processes (nvcc runs on the host's cores)."""
+    import subprocess
+
+    t0 = time.time()
+    procs = [subprocess.Popen([sys.executable, __file__, "--warm", model, layer, "--ms", *map(str, ms)])
+             for model in models for layer, _, _ in MODELS[model]]
+    codes = [p.wait() for p in procs]
+    print(f"humming warm-up: {len(procs)} layers in {time.time() - t0:.0f} s, exit codes {codes}", flush=True)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", type=Path, default=Path("benchmarks/results"))
+    ap.add_argument("--ms", type=int, nargs="+", default=MS)
+    ap.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
+    ap.add_argument("--replays", type=int, default=30)
+    ap.add_argument("--name", default="kernel-h200")
+    ap.add_argument("--warm", nargs=2, metavar=("MODEL", "LAYER"), help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    from ternary_plugin import humming_backend, ops
+
+    if args.warm:
+        warm_humming(*args.warm, args.ms)
+        return 0
+
+    if not (torch.cuda.is_available() and ops.op_available()):
+        print("needs a CUDA GPU and the built extension", file=sys.stderr)
+        return 2
+    ops.ensure_op_registered()
+    humming_ok = humming_backend.importable()
+    humming_version = None
+    if humming_ok:
+        from importlib.metadata import version
+
+        humming_version = version("humming-kernels")
+    props = torch.cuda.get_device_properties(0)
+    l2 = getattr(props, "L2_cache_size", 50 << 20)
+    t0 = time.time()
+    result = {"gpu": torch.cuda.get_device_name(0), "sms": props.multi_processor_count, "l2_bytes": l2,
+              "torch": torch.__version__, "cuda": torch.version.cuda, "python": platform.python_version(),
+              "humming": humming_version,
+              "command": "python " + " ".join(["benchmarks/bench_band.py", *(argv if argv is not None else sys.argv[1:])]),
+              "ceilings": ceilings(), "rows": []}
+    if humming_ok:
+        warm_all(args.models, args.ms)
+    args.out.mkdir(parents=True, exist_ok=True)
+    for model in args.models:
+        for layer, k, n in MODELS[model]:
+            for m in args.ms:
+                row = bench_layer(model, layer, k, n, m, l2, args.replays, humming_ok)
+                torch.cuda.empty_cache()
+                result["rows"].append(row)
+                print(f"{model:8s} {layer:8s} M={m:6d} op {row['ternary_us']:9.2f} ours {row['ours_us']:9.2f} "
+                      f"cublas {row['cublas_bf16_us']:9.2f} h16 {row['humming_w2a16_us'] or 0:9.2f} "
+                      f"h8 {row['humming_w2a8_us'] or 0:9.2f} [{row['backend']}] {time.time() - t0:.0f}s", flush=True)
+            # written after every layer: a run cut short keeps what it measured
+            (args.out / f"{args.name}.json").write_text(json.dumps(result, indent=1) + "\n")
+    result["per_layer"] = per_layer(result["rows"])
+    result["seconds"] = round(time.time() - t0, 1)
+    (args.out / f"{args.name}.json").write_text(json.dumps(result, indent=1) + "\n")
+    (args.out / f"{args.name}.md").write_text(markdown(result))
+    print(markdown(result).split("Per layer")[0])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
