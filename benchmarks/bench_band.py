@@ -92,18 +92,42 @@ def bench_layer(model, layer, k, n, m, l2, replays, humming_ok):
     row["backend"] = "humming int2" if layout == "humming" else f"ternary: {row['ours_kernel']}"
     row["ternary_us"] = row["humming_w2a16_us"] if layout == "humming" else row["ours_us"]
     row["ternary_w2a8_us"] = row["humming_w2a8_us"] if layout8 == "humming" else None
-    # TERNARY_GPU_BACKEND=both (a layer holding both layouts): the time of the kernel band H2 picks,
-    # from the two timed above (the same kernels in the same harness; the op's choice is a lookup)
-    both = dispatch.plan_layout(n, k, 128, 0, dev, backend="both", humming_importable=humming_ok)[0]
-    pick = (dispatch.plan(dispatch.Call(m, n, k), dev, "both").backend if both == "both" else "ternary")
-    row["both_backend"] = pick
-    row["both_us"] = row["humming_w2a16_us"] if pick == "humming" else row["ours_us"]
+    derive_both(row, dev, humming_ok)
     for key in KEYS:
         if row.get(key) is not None:
             row[key] = round(row[key], 3)
     row["rel_err"] = {key: float(f"{v:.3e}") for key, v in errors.items()}
     row["speedup_vs_cublas"] = round(row["cublas_bf16_us"] / row["ternary_us"], 3) if row["ternary_us"] else None
     return row
+
+
+def derive_both(row: dict, dev, humming_ok: bool) -> None:
+    """TERNARY_GPU_BACKEND=both (a layer holding both layouts): the kernel band H2 picks and its
+    time, taken from the two timed in the row (the same kernels in the same harness; the op's
+    choice itself is a dictionary lookup)."""
+    from ternary_plugin import dispatch
+
+    m, n, k = row["M"], row["N"], row["K"]
+    both = dispatch.plan_layout(n, k, 128, 0, dev, backend="both", humming_importable=humming_ok)[0]
+    pick = dispatch.plan(dispatch.Call(m, n, k), dev, "both").backend if both == "both" else "ternary"
+    row["both_backend"] = pick
+    row["both_us"] = row["humming_w2a16_us"] if pick == "humming" else row["ours_us"]
+
+
+def derive(path: Path) -> None:
+    """Recompute the derived columns (both_*) and per_layer of a result with this checkout's table."""
+    from ternary_plugin import dispatch
+
+    result = json.loads(path.read_text())
+    dev = dispatch.Device(result["sms"], tuple(result.get("capability", (9, 0))), result["gpu"])
+    humming_ok = result.get("humming") is not None
+    for row in result["rows"]:
+        derive_both(row, dev, humming_ok)
+    result["per_layer"] = per_layer(result["rows"])
+    result["derived"] = ("both_us, both_backend and per_layer recomputed from the timed columns by "
+                         "`python benchmarks/bench_band.py --derive` with ternary_plugin/dispatch.py's band H2")
+    path.write_text(json.dumps(result, indent=1) + "\n")
+    path.with_suffix(".md").write_text(markdown(result))
 
 
 def per_layer(rows: list) -> list:
@@ -188,11 +212,20 @@ def main(argv=None) -> int:
     ap.add_argument("--replays", type=int, default=30)
     ap.add_argument("--name", default="kernel-h200")
     ap.add_argument("--warm", nargs=2, metavar=("MODEL", "LAYER"), help=argparse.SUPPRESS)
+    ap.add_argument("--derive", type=Path, metavar="JSON", help="recompute a result's derived columns, then exit")
+    ap.add_argument("--warm-only", action="store_true",
+                    help="compile Humming's kernels for --models at --ms into its on-disk cache, then exit")
     args = ap.parse_args(argv)
+    if args.derive:
+        derive(args.derive)
+        return 0
     from ternary_plugin import humming_backend, ops
 
     if args.warm:
         warm_humming(*args.warm, args.ms)
+        return 0
+    if args.warm_only:
+        warm_all(args.models, args.ms)
         return 0
 
     if not (torch.cuda.is_available() and ops.op_available()):
@@ -209,6 +242,7 @@ def main(argv=None) -> int:
     l2 = getattr(props, "L2_cache_size", 50 << 20)
     t0 = time.time()
     result = {"gpu": torch.cuda.get_device_name(0), "sms": props.multi_processor_count, "l2_bytes": l2,
+              "capability": [props.major, props.minor],
               "torch": torch.__version__, "cuda": torch.version.cuda, "python": platform.python_version(),
               "humming": humming_version,
               "command": "python " + " ".join(["benchmarks/bench_band.py", *(argv if argv is not None else sys.argv[1:])]),

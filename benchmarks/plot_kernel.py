@@ -1,4 +1,5 @@
-"""Plot speed-up over cuBLAS bf16 against M from a bench_kernel.py JSON (needs matplotlib).
+"""Plot speed-up over cuBLAS bf16 against M (needs matplotlib): per shape from a bench_kernel.py
+JSON, or per decoder layer from a bench_band.py one (it has `per_layer`).
 
     python benchmarks/plot_kernel.py benchmarks/results/kernel-h200.json
 """
@@ -13,8 +14,38 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 
+BAND_LINES = (("speedup_ternary", "op (default)", "-"), ("speedup_both", "op, both layouts", ":"),
+              ("speedup_ours", "ours (ternary layout)", "--"), ("speedup_humming_w2a16", "Humming w2a16", "-."),
+              ("speedup_ternary_w2a8", "op W2A8 (Humming int2 x int8)", (0, (1, 3))))
+
+
+def band(result: dict, path: str) -> None:
+    models = list(dict.fromkeys(e["model"] for e in result["per_layer"]))
+    fig, axes = plt.subplots(1, len(models), figsize=(5 * len(models), 4.5), sharey=True)
+    for ax, model in zip(axes if len(models) > 1 else [axes], models):
+        rows = [e for e in result["per_layer"] if e["model"] == model]
+        for key, label, style in BAND_LINES:
+            pts = [(e["M"], e[key]) for e in rows if e.get(key)]
+            if pts:
+                ax.plot(*zip(*pts), marker="o", markersize=3, linestyle=style, label=label)
+        ax.axhline(1.0, color="black", linewidth=0.8)
+        ax.set_xscale("log", base=2)
+        ax.set_title(f"{model}, per decoder layer")
+        ax.set_xlabel("M (tokens)")
+        ax.grid(True, alpha=0.3)
+    (axes[0] if len(models) > 1 else axes).set_ylabel("speed-up over cuBLAS bf16")
+    (axes[0] if len(models) > 1 else axes).legend(fontsize=7)
+    fig.suptitle(f"ternary GEMM vs cuBLAS bf16, {result['gpu']}")
+    out = Path(path).with_suffix(".png")
+    fig.tight_layout()
+    fig.savefig(out, dpi=100)
+    print(out)
+
+
 def main(path: str) -> None:
     result = json.loads(Path(path).read_text())
+    if "per_layer" in result:
+        return band(result, path)
     fig, ax = plt.subplots(figsize=(8, 5))
     for shape in dict.fromkeys(r["shape"] for r in result["rows"]):
         rows = [r for r in result["rows"] if r["shape"] == shape]

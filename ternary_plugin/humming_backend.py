@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import weakref
 
 import torch
 
@@ -85,29 +86,30 @@ def build_layer(packed: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | 
     return layer
 
 
-# Humming layers by key, for the opaque op below: torch.compile and CUDA graphs see one op with x
-# in and y out (Humming's Python-side tile heuristics read M, which Dynamo must not specialize on).
-_LAYERS: list[torch.nn.Module] = []
+# The Humming layers, by the data pointer of the layer's packed tensor (the format's bytes, kept on
+# the CPU where Humming's layout replaces them on the GPU): torch.ops.ternary_serve.gemm looks its
+# packed argument up here on every CUDA call (ops.py). The model's traced graph is then the same op
+# whatever the layout, so a compiled graph that vLLM caches for one TERNARY_GPU_BACKEND is right for
+# another, and nothing about the layer is baked into it.
+_ATTACHED: dict[int, tuple[weakref.ref, torch.nn.Module, str]] = {}
 
 
-def register(layer: torch.nn.Module, n: int) -> int:
-    _LAYERS.append(layer)
-    return len(_LAYERS) - 1
+def attach(packed: torch.Tensor, layer: torch.nn.Module, layout: str) -> None:
+    """Route calls whose packed argument is ``packed`` to ``layer`` (layout "humming": always;
+    "both": where dispatch.plan's band H2 says so)."""
+    _ATTACHED[packed.data_ptr()] = (weakref.ref(packed), layer, layout)
 
 
-@torch.library.custom_op("ternary_humming::linear", mutates_args=())
-def linear_op(x: torch.Tensor, key: int, n: int, packed: torch.Tensor | None = None,
-              scale: torch.Tensor | None = None, block_size: int = 128, k_offset: int = 0) -> torch.Tensor:
-    """y = x @ W^T through Humming; with ``packed`` and ``scale`` (a layer holding both layouts),
-    through this repository's kernel where dispatch.plan's band H2 says it is the faster."""
-    if packed is not None:
-        from . import ops
-
-        if ops.cuda_plan(x, packed, block_size, k_offset, layout="both").backend == "ternary":
-            return torch.ops.ternary_serve.gemm(x, packed, scale, None, block_size, k_offset)
-    return _LAYERS[key](x)
-
-
-@linear_op.register_fake
-def _(x, key, n, packed=None, scale=None, block_size=128, k_offset=0):
-    return x.new_empty((x.shape[0], n))
+def attached(packed: torch.Tensor) -> tuple[torch.nn.Module, str] | None:
+    """The Humming layer and layout attached to this packed tensor (by storage), or None."""
+    entry = _ATTACHED.get(packed.data_ptr())
+    if entry is None:
+        return None
+    ref, layer, layout = entry
+    alive = ref()
+    if alive is None:
+        del _ATTACHED[packed.data_ptr()]  # freed: another tensor may have its address now
+        return None
+    if alive.shape != packed.shape or alive.device != packed.device:
+        return None  # a view, or another device's tensor at the same address
+    return layer, layout

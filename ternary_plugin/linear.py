@@ -117,16 +117,16 @@ class TernaryLinearMethod(LinearMethodBase):
             return False
         hl = humming_backend.build_layer(packed, layer.weight_scale.data, None, kp, dtype, activation_dtype)
         layer.ternary_humming = hl  # a submodule: its tensors count as the layer's parameters
-        layer.ternary_humming_key = humming_backend.register(hl, n)
         layer.ternary_layout = layout
-        layer.ternary_n = n
         if layout == "both":  # the ternary layout stays on the GPU too, padded for the kernels
             layer.packed_ternary_weight = torch.nn.Parameter(pad_packed_rows(packed), requires_grad=False)
             layer.weight_scale = torch.nn.Parameter(layer.weight_scale.data, requires_grad=False)
-            ensure_op_registered()
         else:
             layer.packed_ternary_weight = torch.nn.Parameter(packed.cpu(), requires_grad=False)
             layer.weight_scale = torch.nn.Parameter(layer.weight_scale.data.cpu(), requires_grad=False)
+        # apply() stays the same op call; the op finds Humming's layer by the packed tensor
+        humming_backend.attach(layer.packed_ternary_weight, hl, layout)
+        ensure_op_registered()
         return True
 
     def apply(
@@ -135,12 +135,6 @@ class TernaryLinearMethod(LinearMethodBase):
         packed = layer.packed_ternary_weight  # uint8 [N, ceil(Kp/4)]
         out_shape = (*x.shape[:-1], packed.shape[0])
         x2d = x.reshape(-1, x.shape[-1]).contiguous()  # [M, Kp]
-        if layer.ternary_layout != "ternary":
-            both = layer.ternary_layout == "both"
-            y = humming_backend.linear_op(
-                x2d, layer.ternary_humming_key, layer.ternary_n, packed if both else None,
-                layer.weight_scale if both else None, layer.ternary_block_size, layer.ternary_k_offset)
-            return (y if bias is None else y + bias).reshape(out_shape)
         y = ternary_linear(
             x2d, packed, layer.weight_scale, bias, layer.ternary_block_size, layer.ternary_k_offset
         )  # [M, N]

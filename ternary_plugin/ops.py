@@ -177,13 +177,22 @@ def cuda_plan(x: torch.Tensor, packed: torch.Tensor, block_size: int, k_offset: 
 
 
 def _register_cuda_gemm() -> None:
-    """torch.ops.ternary_serve.gemm on CUDA: the kernel dispatch.plan names, through gemm_path
-    (the C++ side launches; the choice is the table's)."""
+    """torch.ops.ternary_serve.gemm on CUDA: Humming's layer where one is attached to the packed
+    tensor (and the plan takes it), else the kernel dispatch.plan names, through gemm_path (the
+    C++ side launches; the choice is the table's)."""
     if _state.get("cuda_gemm"):
         return
     lib = torch.library.Library(OP_NAMESPACE, "IMPL")
 
+    from . import humming_backend
+
     def gemm_cuda(x, packed, scale, bias, block_size, k_offset, pdl=False):
+        hl = humming_backend.attached(packed) if humming_backend._ATTACHED else None
+        if hl is not None:  # the layer holds Humming's layout (ternary_plugin/linear.py)
+            layer, layout = hl
+            if layout == "humming" or cuda_plan(x, packed, block_size, k_offset, "both").backend == "humming":
+                y = layer(x)
+                return y if bias is None else y + bias
         choice = cuda_plan(x, packed, block_size, k_offset)
         return torch.ops.ternary_serve.gemm_path(
             x, packed, scale, bias, block_size, k_offset, choice.kernel, 0, pdl=pdl,

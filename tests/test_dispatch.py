@@ -190,3 +190,18 @@ def test_a_layer_with_both_layouts_keeps_our_kernel_at_small_m_and_on_wgmma_from
     assert d.plan(d.Call(16, 24576, 4096), H200, "both", lim=lim).kernel == d.MMA
     assert "M 1-8 mma.sync (1), M 9-255 humming int2 (H2), M 256-8192 wgmma (6, 7)" in d.describe(
         24576, 4096, H200, "both")
+
+
+def test_humming_layers_are_found_by_their_packed_tensor_only_while_it_lives():
+    packed = torch.zeros(4, 32, dtype=torch.uint8)
+    layer = torch.nn.Identity()
+    humming_backend.attach(packed, layer, "humming")
+    assert humming_backend.attached(packed) == (layer, "humming")
+    assert humming_backend.attached(packed[:2]) is None  # a view at the same address
+    assert humming_backend.attached(packed) == (layer, "humming")  # ... leaves the entry alone
+    ptr = packed.data_ptr()
+    del packed
+    assert ptr in humming_backend._ATTACHED
+    stale = torch.zeros(4, 32, dtype=torch.uint8)
+    if stale.data_ptr() == ptr:  # the allocator reused the address: the dead entry must not answer
+        assert humming_backend.attached(stale) is None and ptr not in humming_backend._ATTACHED

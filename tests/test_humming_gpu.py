@@ -34,7 +34,7 @@ def test_every_code_and_scale_survives_the_repack(n, k, dtype):
     values, packed, scale = _weights(n, k, seed=n + k)
     layer = humming_backend.build_layer(packed, scale, None, k, dtype)
     eye = torch.eye(k, dtype=dtype, device="cuda")
-    y = humming_backend.linear_op(eye, humming_backend.register(layer, n), n)  # [K, N]
+    y = layer(eye)  # [K, N]
     expect = (values.t().cuda().to(torch.float32)
               * fmt.expand_scales(scale.cpu(), k, 128, 0).t().cuda().to(dtype).to(torch.float32)).to(dtype)
     assert torch.equal(y, expect)
@@ -77,42 +77,70 @@ def _close(a, b, tol=2 ** -7):
 
 
 def test_graph_capture_and_compile_match_eager():
+    """The op with Humming's layer attached to a (CPU) packed tensor, as a layer holding Humming's
+    layout only has it: eager, captured in a CUDA graph, and compiled with a dynamic M."""
+    from ternary_plugin import ops
+
     n, k = 1024, 1024
     values, packed, scale = _weights(n, k, seed=9)
     layer = humming_backend.build_layer(packed, scale, None, k, torch.bfloat16)
-    key = humming_backend.register(layer, n)
+    cpu_packed, cpu_scale = packed.cpu(), scale.cpu()
+    humming_backend.attach(cpu_packed, layer, "humming")
+    ops.ensure_op_registered()
+
+    def op(a):
+        return torch.ops.ternary_serve.gemm(a, cpu_packed, cpu_scale, None, 128, 0)
+
     x = torch.randn(48, k, device="cuda", dtype=torch.bfloat16)
-    expect = humming_backend.linear_op(x, key, n)
+    expect = op(x)
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):
-        humming_backend.linear_op(x, key, n)
+        op(x)
     torch.cuda.current_stream().wait_stream(s)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        out = humming_backend.linear_op(x, key, n)
+        out = op(x)
     out.fill_(float("nan"))
     graph.replay()
     torch.cuda.synchronize()
     assert not out.isnan().any() and _close(out, expect)
-    compiled = torch.compile(lambda a: humming_backend.linear_op(a, key, n), fullgraph=True, dynamic=True)
+    compiled = torch.compile(op, fullgraph=True, dynamic=True)
     assert _close(compiled(x), expect)
     w = values.double() * fmt.expand_scales(scale.cpu(), k, 128, 0).double()
     assert _close(out.cpu(), (x.cpu().double() @ w.t()), 1e-2)
 
 
 def test_a_layer_holding_both_layouts_takes_the_kernel_band_h2_names():
-    """M <= 8: this repository's tensor-core kernel (bit-identical to the op); M 64: Humming's."""
+    """M <= 8: this repository's tensor-core kernel (bit-identical to it forced); M 64: Humming's."""
     from ternary_plugin import ops
 
     n, k = 4096, 4096
     values, packed, scale = _weights(n, k, seed=11)
     padded = ops.pad_packed_rows(packed)
     layer = humming_backend.build_layer(packed, scale, None, k, torch.bfloat16)
-    key = humming_backend.register(layer, n)
+    humming_backend.attach(padded, layer, "both")
+    bias = torch.randn(n, device="cuda", dtype=torch.bfloat16)
     for m, backend in ((4, "ternary"), (64, "humming")):
         x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
         assert ops.cuda_plan(x, padded, 128, 0, layout="both").backend == backend
-        y = humming_backend.linear_op(x, key, n, padded, scale, 128, 0)
-        theirs = torch.ops.ternary_serve.gemm(x, padded, scale, None, 128, 0) if backend == "ternary" else layer(x)
-        assert torch.equal(y, theirs) if backend == "ternary" else _close(y, theirs)
+        y = torch.ops.ternary_serve.gemm(x, padded, scale, bias, 128, 0)
+        if backend == "ternary":
+            assert torch.equal(y, torch.ops.ternary_serve.gemm_path(x, padded, scale, bias, 128, 0, 2, 0))
+        else:
+            assert _close(y, layer(x) + bias)
+
+
+def test_a_freed_packed_tensor_is_not_routed_to_its_old_layer():
+    n, k = 256, 384
+    _, packed, scale = _weights(n, k, seed=12)
+    layer = humming_backend.build_layer(packed, scale, None, k, torch.bfloat16)
+    tmp = packed.clone()
+    humming_backend.attach(tmp, layer, "humming")
+    assert humming_backend.attached(tmp) is not None
+    ptr = tmp.data_ptr()
+    del tmp
+    other = torch.empty_like(packed)  # the caching allocator hands the freed block straight back
+    assert other.data_ptr() == ptr, "the test needs the address reused"
+    assert humming_backend.attached(other) is None
+    assert ptr not in humming_backend._ATTACHED
