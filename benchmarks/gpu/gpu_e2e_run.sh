@@ -212,6 +212,15 @@ stage_dispatch_e2e() {
   grep -h "ternary layer N" "$LOGS"/offline-qwen3-*.log | sed 's/.*ternary layer/ternary layer/' | sort -u | head -12
 }
 
+# Humming's layout and both layouts in vLLM, quick (the layout stage of the band issue, short)
+stage_layouts_e2e() {
+  [ -e models/qwen3-embedding-0.6b-ternary/config.json ] || stage_prepare > "$LOGS/prepare.log" 2>&1
+  TERNARY_GPU_BACKEND=humming offline_run models/qwen3-embedding-0.6b-ternary qwen3-ternary-humming --reference --quick
+  TERNARY_GPU_BACKEND=both TERNARY_HUMMING_MIN_WEIGHTS=0 offline_run models/qwen3-embedding-0.6b-ternary \
+    qwen3-ternary-both --reference --quick
+  grep -h "ternary layer N" "$LOGS"/offline-qwen3-*.log | sed 's/.*ternary layer/ternary layer/' | sort -u | head -8
+}
+
 stage_minilm() {
   offline_run models/minilm-ternary-gpu minilm-ternary --reference
   offline_run "${MINILM_SRC:-.e2e/minilm-bf16}" minilm-bf16
