@@ -61,7 +61,7 @@ def _embed(args) -> int:
     from .embed import embed, summary
 
     result = embed(args.model, args.texts, tp=args.tp, dtype=args.dtype, max_model_len=args.max_model_len,
-                   compile=args.compile, report=args.report)
+                   compile=args.compile, report=args.report, activation_dtype=args.activation_dtype)
     if args.json:
         args.json.write_text(json.dumps(result))
     print(summary(result), flush=True)
@@ -94,6 +94,8 @@ def _serve(args) -> int:
 
 
 def _embed_args(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    from .activations import ACTIVATION_DTYPES
+
     p.add_argument("model")
     p.add_argument("texts", nargs="*", default=["The quick brown fox jumps over the lazy dog."])
     p.add_argument("--tp", type=int, default=1)
@@ -101,6 +103,9 @@ def _embed_args(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--max-model-len", type=int, default=None, help="default: the model's own")
     p.add_argument("--report", action="store_true", help="what every rank's ternary layers hold (collective_rpc)")
     p.add_argument("--compile", action="store_true", help="torch.compile (default: eager)")
+    p.add_argument("--activation-dtype", choices=ACTIVATION_DTYPES,
+                   help="override the checkpoint's quantization_config.activation_dtype (int8: W2A8), "
+                   "through vLLM's hf_overrides")
     p.add_argument("--json", type=Path, help="write the embeddings (and the report) as JSON here")
     p.set_defaults(fn=_embed)
     return p
