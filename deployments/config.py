@@ -98,9 +98,10 @@ class TernaryServeConfig(BaseModel):
         "cosine, README); 'bf16', 'fp16' or 'none': activations in the engine's dtype. Default: the checkpoint's "
         "quantization_config.activation_dtype (absent: the engine's dtype). Sent to vLLM in hf_overrides")
     hf_overrides: dict[str, Any] = Field(
-        default_factory=dict, description="vLLM's hf_overrides for the engines (config.json keys to override); "
-        "activation_dtype, where set, is merged into its quantization_config (vLLM replaces a dict-valued key whole: "
-        "the one sent is the checkpoint's with these keys over it)")
+        default_factory=dict, description="vLLM's hf_overrides for the engines (config.json keys to override). "
+        "Its quantization_config, if any, lists changes to the checkpoint's (e.g. {activation_scales: token_block}), "
+        "and activation_dtype is merged into it: vLLM replaces a dict-valued key whole, so the one sent is the "
+        "checkpoint's with these keys over it")
     ingress_deployment_config: dict[str, Any] = Field(
         default_factory=dict,
         description=(
@@ -152,8 +153,8 @@ class TernaryServeConfig(BaseModel):
         return self
 
     def engine_hf_overrides(self) -> Optional[dict[str, Any]]:
-        """The engines' ``hf_overrides`` (None when there are none): the config's own, with
-        activation_dtype merged into the checkpoint's quantization_config (reads its config.json)."""
+        """The engines' ``hf_overrides`` (None when there are none): the config's own, their
+        quantization_config keys and activation_dtype merged over the checkpoint's (reads its config.json)."""
         from ternary_plugin.activations import activation_overrides
 
         return activation_overrides(self.model_path, self.activation_dtype, self.hf_overrides) or None

@@ -144,31 +144,35 @@ def ternary_linear_w2a8(
 
 def activation_overrides(model_dir: str | Path, activation_dtype: str | None,
                          hf_overrides: dict[str, Any] | None = None) -> dict[str, Any]:
-    """vLLM ``hf_overrides`` that serve ``model_dir`` with ``activation_dtype``, merged with
-    ``hf_overrides`` (returned as given, copied, when activation_dtype is None).
+    """vLLM ``hf_overrides`` that serve ``model_dir`` with ``activation_dtype`` (None: the
+    checkpoint's), merged with ``hf_overrides``, whose ``quantization_config`` keys (if any) are
+    taken as changes to the checkpoint's.
 
     vLLM (0.32) sets a dict-valued override as the whole attribute: an override of
-    ``quantization_config`` replaces the checkpoint's, so the one built here is the
+    ``quantization_config`` replaces the checkpoint's, so the one built here is the whole
     checkpoint's, then the user's ``quantization_config`` keys, then activation_dtype.
     """
     from .checkpoint import CheckpointError, read_config
 
     out = copy.deepcopy(dict(hf_overrides or {}))
-    if activation_dtype is None:
+    user_qc = out.get("quantization_config")
+    if activation_dtype is None and user_qc is None:
         return out
-    if activation_dtype not in ACTIVATION_DTYPES:
+    if activation_dtype is not None and activation_dtype not in ACTIVATION_DTYPES:
         raise ValueError(f"activation_dtype {activation_dtype!r} is not one of {list(ACTIVATION_DTYPES)}")
-    user_qc = out.get("quantization_config") or {}
-    if not isinstance(user_qc, dict):
+    if not isinstance(user_qc or {}, dict):
         raise ValueError(f"hf_overrides.quantization_config must be a mapping, got {user_qc!r}")
+    user_qc = user_qc or {}
     given = user_qc.get(ACTIVATION_DTYPE_KEY)
-    if given is not None and given != activation_dtype:
+    if activation_dtype is not None and given is not None and given != activation_dtype:
         raise ValueError(
             f"activation_dtype {activation_dtype!r} disagrees with hf_overrides.quantization_config."
             f"{ACTIVATION_DTYPE_KEY} {given!r}: set one of them")
     qc = read_config(Path(model_dir)).get("quantization_config")
     if not isinstance(qc, dict):
-        raise CheckpointError(f"{model_dir}: config.json has no quantization_config; activation_dtype applies "
-                              "to ternary checkpoints only")
-    out["quantization_config"] = {**qc, **user_qc, ACTIVATION_DTYPE_KEY: activation_dtype}
+        raise CheckpointError(f"{model_dir}: config.json has no quantization_config; activation_dtype and "
+                              "quantization_config overrides apply to ternary checkpoints only")
+    out["quantization_config"] = {**qc, **user_qc}
+    if activation_dtype is not None:
+        out["quantization_config"][ACTIVATION_DTYPE_KEY] = activation_dtype
     return out

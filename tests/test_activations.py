@@ -273,7 +273,11 @@ def test_activation_overrides_merge_over_the_checkpoint(tiny_bert):
     assert got == {"max_position_embeddings": 256,
                    "quantization_config": {**qc, "modules_not_converted": [], "activation_dtype": "int8"}}
     assert user == {"max_position_embeddings": 256, "quantization_config": {"modules_not_converted": []}}
-    assert activation_overrides(tiny_bert["dst"], None, user) == user
+    # a partial quantization_config is a change to the checkpoint's, never a replacement of it
+    assert activation_overrides(tiny_bert["dst"], None, user) == {
+        "max_position_embeddings": 256, "quantization_config": {**qc, "modules_not_converted": []}}
+    assert activation_overrides(tiny_bert["dst"], None, {"max_position_embeddings": 256}) == {
+        "max_position_embeddings": 256}
     assert activation_overrides(tiny_bert["dst"], None) == {}
     with pytest.raises(ValueError, match=r"activation_dtype 'int8' disagrees with hf_overrides\.quantization_config"
                        r"\.activation_dtype 'bf16': set one of them"):
