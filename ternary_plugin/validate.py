@@ -213,7 +213,7 @@ def reference_errors(config: dict, tensors: dict[str, torch.Tensor], block_size:
 
 
 def w2a8_report(model_dir: Path) -> str:
-    """The W2A8 cost line, or why it could not be measured (a checkpoint without a tokenizer)."""
+    """The W2A8 cost line, or why it could not be measured (a checkpoint transformers cannot run)."""
     from .convert import SAMPLE_SENTENCES, w2a8_cosine_line
     from .reference_model import w2a8_cosine
 
