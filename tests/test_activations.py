@@ -305,13 +305,13 @@ def test_vllm_applies_the_override_to_the_quantization_config(tiny_bert):
     assert not TernaryConfig.from_config(plain.hf_config.quantization_config).w2a8
 
 
-def test_w2a8_cosine_of_a_tiny_model(tiny_qwen3, tiny_bert):
+def test_w2a8_cosine_of_a_tiny_model(tiny_qwen3):
     """The mode's cost where the tests can see it: >= 0.999 against float activations (the
-    issue's target); measured 0.99964 (tiny_qwen3) and 0.999995 (tiny_bert) on the sample sentences."""
+    issue's target); measured min 0.99964 on the sample sentences (tiny_bert: 0.999995, MiniLM's
+    is in tests/test_convert.py)."""
     from ternary_plugin.convert import SAMPLE_SENTENCES
     from ternary_plugin.reference_model import w2a8_cosine
 
-    for model in (tiny_qwen3, tiny_bert):
-        cos = w2a8_cosine(model["dst"], SAMPLE_SENTENCES)
-        print(f"{model['dst'].name}: W2A8 vs float activations, cosine {cos}")
-        assert len(cos) == len(SAMPLE_SENTENCES) and min(cos) >= 0.999 and max(cos) < 1.0, cos
+    cos = w2a8_cosine(tiny_qwen3["dst"], SAMPLE_SENTENCES)
+    print(f"tiny_qwen3: W2A8 vs float activations, cosine {cos}")
+    assert len(cos) == len(SAMPLE_SENTENCES) and min(cos) >= 0.999 and max(cos) < 1.0, cos

@@ -128,15 +128,16 @@ def test_minilm_report_has_the_w2a8_cost(minilm, models_dir):
     assert f"min {min(cos):.6f}, mean {sum(cos) / len(cos):.6f}" in summary and "W2A8 (int8 activations" in summary
 
 
-def test_activation_dtype_option_and_the_validator_report(tiny_bert, tmp_path):
+def test_activation_dtype_option_and_the_validator_report(tiny_bert, tmp_path, capsys):
     """convert --activation-dtype int8 writes the mode (nothing else changes: the tensors are the
-    plain conversion's); the validator then reports the mode's cost by itself, --no-w2a8 drops it."""
+    plain conversion's); the validator then reports the mode's cost by itself, w2a8=False drops it.
+    The command lines run in-process (cli.main): a subprocess would cost a torch import each."""
     from safetensors.torch import load_file
 
+    from ternary_plugin.cli import main
+
     dst = tmp_path / "int8"
-    proc = subprocess.run([sys.executable, "-m", "ternary_plugin.cli", "convert", str(tiny_bert["src"]), str(dst),
-                           "--activation-dtype", "int8", "--no-quality-check"], capture_output=True, text=True, cwd=REPO)
-    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert main(["convert", str(tiny_bert["src"]), str(dst), "--activation-dtype", "int8", "--no-quality-check"]) == 0
     qc = json.loads((dst / "config.json").read_text())["quantization_config"]
     plain = json.loads((tiny_bert["dst"] / "config.json").read_text())["quantization_config"]
     assert qc == {**plain, "activation_dtype": "int8"}
@@ -147,8 +148,8 @@ def test_activation_dtype_option_and_the_validator_report(tiny_bert, tmp_path):
     assert len(extra) == 1 and extra[0].startswith("W2A8 (int8 activations"), extra
     assert float(extra[0].split("min ")[1].split(",")[0]) >= 0.999, extra
     assert validate(dst, [2], w2a8=False)[1] == [] and validate(tiny_bert["dst"], [2])[1] == []
-    proc = subprocess.run([sys.executable, "-m", "ternary_plugin.cli", "validate", str(tiny_bert["dst"]), "--tp", "2",
-                           "--w2a8"], capture_output=True, text=True, cwd=REPO)
-    assert proc.returncode == 0 and "  W2A8 (int8 activations" in proc.stdout, proc.stdout + proc.stderr[-2000:]
+    capsys.readouterr()
+    assert main(["validate", str(tiny_bert["dst"]), "--tp", "2", "--w2a8"]) == 0
+    assert "\n  W2A8 (int8 activations" in capsys.readouterr().out
     with pytest.raises(ValueError, match=r"activation_dtype 'fp8' is not one of"):
         convert(src=tiny_bert["src"], dst=tmp_path / "bad", activation_dtype="fp8", progress=False)
