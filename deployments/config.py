@@ -92,6 +92,16 @@ class TernaryServeConfig(BaseModel):
     max_body_bytes: int = Field(2 * 1024 * 1024, ge=1024, description="larger request bodies get 413")
     max_inputs: int = Field(2048, ge=1, description="inputs per request; more get 400")
     engine_env: dict[str, str] = Field(default_factory=dict, description="extra environment for the engines")
+    activation_dtype: Optional[str] = Field(
+        None, description="the ternary layers' activation mode for this deployment: 'int8' quantizes activations "
+        "to int8 per token (W2A8: int8 tensor cores where they are the limit, at a cost of about 1e-4 in embedding "
+        "cosine, README); 'bf16', 'fp16' or 'none': activations in the engine's dtype. Default: the checkpoint's "
+        "quantization_config.activation_dtype (absent: the engine's dtype). Sent to vLLM in hf_overrides")
+    hf_overrides: dict[str, Any] = Field(
+        default_factory=dict, description="vLLM's hf_overrides for the engines (config.json keys to override). "
+        "Its quantization_config, if any, lists changes to the checkpoint's (e.g. {activation_scales: token_block}), "
+        "and activation_dtype is merged into it: vLLM replaces a dict-valued key whole, so the one sent is the "
+        "checkpoint's with these keys over it")
     ingress_deployment_config: dict[str, Any] = Field(
         default_factory=dict,
         description=(
@@ -122,6 +132,32 @@ class TernaryServeConfig(BaseModel):
         if not (isinstance(chosen, type) and issubclass(chosen, base)):
             raise ValueError(f"{info.field_name}: {value!r} is not a subclass of {base.__module__}.{base.__name__}")
         return value
+
+    @field_validator("activation_dtype")
+    @classmethod
+    def _activation_dtype(cls, value: Optional[str]) -> Optional[str]:
+        from ternary_plugin.activations import ACTIVATION_DTYPES
+
+        if value is not None and value not in ACTIVATION_DTYPES:
+            raise ValueError(f"activation_dtype: {value!r} is not one of {list(ACTIVATION_DTYPES)} ('int8': W2A8)")
+        return value
+
+    @model_validator(mode="after")
+    def _one_activation_dtype(self):
+        from ternary_plugin.activations import ACTIVATION_DTYPE_KEY
+
+        given = (self.hf_overrides.get("quantization_config") or {}).get(ACTIVATION_DTYPE_KEY)
+        if self.activation_dtype is not None and given is not None and given != self.activation_dtype:
+            raise ValueError(f"activation_dtype {self.activation_dtype!r} disagrees with hf_overrides."
+                             f"quantization_config.{ACTIVATION_DTYPE_KEY} {given!r}: set one of them")
+        return self
+
+    def engine_hf_overrides(self) -> Optional[dict[str, Any]]:
+        """The engines' ``hf_overrides`` (None when there are none): the config's own, their
+        quantization_config keys and activation_dtype merged over the checkpoint's (reads its config.json)."""
+        from ternary_plugin.activations import activation_overrides
+
+        return activation_overrides(self.model_path, self.activation_dtype, self.hf_overrides) or None
 
     @field_validator("ingress_deployment_config")
     @classmethod

@@ -38,7 +38,8 @@ def _convert(args) -> int:
                                  device=args.device or defaults.device, checkpoint_dir=ckpt_dir, resume=args.resume)
     try:
         report = convert(src=source_dir(args.src), dst=args.dst, block_size=args.block_size, force=args.force,
-                         quality_check=not args.no_quality_check, distill=distill)
+                         quality_check=not args.no_quality_check, distill=distill,
+                         activation_dtype=args.activation_dtype)
     except (CheckpointError, FileExistsError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -49,7 +50,7 @@ def _convert(args) -> int:
 def _validate(args) -> int:
     from .validate import FAIL, validate
 
-    levels, extra = validate(args.model_dir, args.tp, args.reference)
+    levels, extra = validate(args.model_dir, args.tp, args.reference, w2a8=args.w2a8)
     for level in levels:
         print(level.line())
     for line in extra:
@@ -61,7 +62,7 @@ def _embed(args) -> int:
     from .embed import embed, summary
 
     result = embed(args.model, args.texts, tp=args.tp, dtype=args.dtype, max_model_len=args.max_model_len,
-                   compile=args.compile, report=args.report)
+                   compile=args.compile, report=args.report, activation_dtype=args.activation_dtype)
     if args.json:
         args.json.write_text(json.dumps(result))
     print(summary(result), flush=True)
@@ -94,6 +95,8 @@ def _serve(args) -> int:
 
 
 def _embed_args(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    from .activations import ACTIVATION_DTYPES
+
     p.add_argument("model")
     p.add_argument("texts", nargs="*", default=["The quick brown fox jumps over the lazy dog."])
     p.add_argument("--tp", type=int, default=1)
@@ -101,6 +104,9 @@ def _embed_args(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--max-model-len", type=int, default=None, help="default: the model's own")
     p.add_argument("--report", action="store_true", help="what every rank's ternary layers hold (collective_rpc)")
     p.add_argument("--compile", action="store_true", help="torch.compile (default: eager)")
+    p.add_argument("--activation-dtype", choices=ACTIVATION_DTYPES,
+                   help="override the checkpoint's quantization_config.activation_dtype (int8: W2A8), "
+                   "through vLLM's hf_overrides")
     p.add_argument("--json", type=Path, help="write the embeddings (and the report) as JSON here")
     p.set_defaults(fn=_embed)
     return p
@@ -108,6 +114,7 @@ def _embed_args(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
 
 def parser() -> argparse.ArgumentParser:
     from . import format as fmt
+    from .activations import ACTIVATION_DTYPES
 
     ap = argparse.ArgumentParser(prog="ternary-serve", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -118,7 +125,11 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("dst", type=Path, help="output directory (ready to serve)")
     p.add_argument("--block-size", type=int, default=fmt.DEFAULT_BLOCK_SIZE, help="weights per scale along K")
     p.add_argument("--force", action="store_true", help="overwrite a non-empty DST")
-    p.add_argument("--no-quality-check", action="store_true", help="skip the embedding cosine report")
+    p.add_argument("--no-quality-check", action="store_true",
+                   help="skip the embedding cosine report (original vs ternary, and W2A8 vs float activations)")
+    p.add_argument("--activation-dtype", choices=ACTIVATION_DTYPES,
+                   help="write quantization_config.activation_dtype: 'int8' serves the checkpoint with int8 "
+                   "activations (W2A8) by default; left out, float activations (a deployment can override either)")
     d = p.add_argument_group(
         "ternary-aware distillation (off by default: it trains for minutes to hours, with the model's size, "
         "where plain conversion takes seconds; MiniLM on 2 idle CPU cores: ~0.7 s a step, ~11 min for 800 steps "
@@ -140,6 +151,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("model_dir", type=Path)
     p.add_argument("--tp", type=int, nargs="+", default=[2, 4, 8], help="tensor-parallel sizes for TP_SHARD")
     p.add_argument("--reference", type=Path, help="the unquantized model, for per-layer relative error")
+    p.add_argument("--w2a8", action=argparse.BooleanOptionalAction, default=None,
+                   help="report the embedding cosine of the W2A8 mode vs float activations on the converter's "
+                   "sample sentences (default: on where the checkpoint's activation_dtype is int8)")
     p.set_defaults(fn=_validate)
 
     _embed_args(sub.add_parser("embed", help="offline vLLM embeddings of TEXT... with a (ternary) checkpoint"))

@@ -9,6 +9,7 @@ from vllm.model_executor.layers.linear import LinearBase, UnquantizedLinearMetho
 from vllm.model_executor.layers.quantization.base_config import QuantizationConfig
 
 from . import QUANT_METHOD
+from . import activations as act
 from . import format as fmt
 from .shard import tp_divisibility_errors
 
@@ -21,6 +22,9 @@ KNOWN_KEYS = {
     "block_size": "weights per float16 scale along K (default 128)",
     "format_version": f"layout version, {fmt.FORMAT_VERSION} for this plugin",
     "modules_not_converted": "names of linear modules kept in their original dtype",
+    act.ACTIVATION_DTYPE_KEY: f"run-time activation mode, one of {list(act.ACTIVATION_DTYPES)} (default "
+    f"{act.DEFAULT_ACTIVATION_DTYPE!r}: activations in the engine's dtype; 'int8': W2A8)",
+    act.ACTIVATION_SCALES_KEY: f"int8 activation scales, one of {list(act.ACTIVATION_SCALES)} (default 'token')",
     "codes": "informational: the 2-bit code table",
     "packing": "informational: how codes sit in a byte",
 }
@@ -41,18 +45,53 @@ def check_block_size(block_size: Any) -> int:
     return block_size
 
 
-class TernaryConfig(QuantizationConfig):
-    """Config of a ternary checkpoint: block size and the linear modules left unconverted."""
+def check_activation_dtype(value: Any) -> str:
+    if value not in act.ACTIVATION_DTYPES:
+        raise TernaryConfigError(
+            f"quantization_config.{act.ACTIVATION_DTYPE_KEY} = {value!r} is not a mode this plugin serves; allowed: "
+            f"{', '.join(repr(v) for v in act.ACTIVATION_DTYPES)} ({', '.join(act.FLOAT_ACTIVATIONS)}: activations "
+            f"in the engine's dtype, the default; {act.INT8!r}: int8 activations, W2A8)"
+        )
+    return value
 
-    def __init__(self, block_size: int = fmt.DEFAULT_BLOCK_SIZE, modules_not_converted: list[str] | None = None):
+
+def check_activation_scales(value: Any) -> str:
+    if value not in act.ACTIVATION_SCALES:
+        raise TernaryConfigError(
+            f"quantization_config.{act.ACTIVATION_SCALES_KEY} = {value!r} is not served; allowed: "
+            f"{', '.join(repr(v) for v in act.ACTIVATION_SCALES)} (one int8 scale per token, or per token and "
+            "weight block; used where activation_dtype is 'int8')"
+        )
+    return value
+
+
+class TernaryConfig(QuantizationConfig):
+    """Config of a ternary checkpoint: block size, the linear modules left unconverted, and the
+    activation mode (a run-time choice, not part of the format: see activations.py)."""
+
+    def __init__(self, block_size: int = fmt.DEFAULT_BLOCK_SIZE, modules_not_converted: list[str] | None = None,
+                 activation_dtype: str = act.DEFAULT_ACTIVATION_DTYPE, activation_scales: str = "token"):
         super().__init__()
         self.block_size = check_block_size(block_size)
         self.modules_not_converted = list(modules_not_converted or [])
+        self.activation_dtype = check_activation_dtype(activation_dtype)
+        self.activation_scales = check_activation_scales(activation_scales)
         self.hf_config = None
         self._tp_checked = False
 
     def __repr__(self) -> str:
-        return f"TernaryConfig(block_size={self.block_size}, modules_not_converted={self.modules_not_converted})"
+        return (f"TernaryConfig(block_size={self.block_size}, modules_not_converted={self.modules_not_converted}, "
+                f"activation_dtype={self.activation_dtype!r}, activation_scales={self.activation_scales!r})")
+
+    @property
+    def w2a8(self) -> bool:
+        """Whether the layers quantize their activations to int8 (activations.py)."""
+        return self.activation_dtype == act.INT8
+
+    @property
+    def token_block(self) -> bool:
+        """W2A8 with one activation scale per (token, weight block) instead of per token."""
+        return self.activation_scales == "token_block"
 
     @classmethod
     def get_name(cls) -> str:
@@ -93,7 +132,9 @@ class TernaryConfig(QuantizationConfig):
             raise TernaryConfigError(
                 f"quantization_config.modules_not_converted must be a list of module names, got {skipped!r}"
             )
-        return cls(block_size=config.get("block_size", fmt.DEFAULT_BLOCK_SIZE), modules_not_converted=skipped)
+        return cls(block_size=config.get("block_size", fmt.DEFAULT_BLOCK_SIZE), modules_not_converted=skipped,
+                   activation_dtype=config.get(act.ACTIVATION_DTYPE_KEY, act.DEFAULT_ACTIVATION_DTYPE),
+                   activation_scales=config.get(act.ACTIVATION_SCALES_KEY, "token"))
 
     def maybe_update_config(self, model_name: str, hf_config: Any = None, revision: str | None = None):
         self.hf_config = hf_config

@@ -14,6 +14,7 @@ from tqdm import tqdm
 from . import QUANT_METHOD
 from . import checkpoint as ckpt
 from . import format as fmt
+from .activations import ACTIVATION_DTYPE_KEY, ACTIVATION_DTYPES
 from .distill import DistillOptions, DistillReport
 from .distill import distill as distill_latent
 
@@ -50,6 +51,9 @@ class ConversionReport:
     layers: list[LayerReport] = field(default_factory=list)
     modules_not_converted: list[str] = field(default_factory=list)
     embedding_cosine: list[float] = field(default_factory=list)
+    # the W2A8 mode's cost: the ternary model with int8 activations vs with float ones
+    w2a8_embedding_cosine: list[float] = field(default_factory=list)
+    activation_dtype: str | None = None  # written to quantization_config when given
     distill: DistillReport | None = None  # plain vs distilled agreement, when distilled
     seconds: float = 0.0
 
@@ -77,6 +81,8 @@ class ConversionReport:
                 f"min {min(c):.4f}, mean {sum(c) / len(c):.4f} (1.0 = unchanged; plain absmean "
                 "quantization of a model not trained for ternary weights lands far below 1)"
             )
+        if self.w2a8_embedding_cosine:
+            lines.append(w2a8_cosine_line(self.w2a8_embedding_cosine))
         if self.distill:
             lines.extend(self.distill.summary())
         if self.modules_not_converted:
@@ -98,12 +104,16 @@ def convert(
     quality_check: bool = True,
     progress: bool = True,
     distill: DistillOptions | None = None,
+    activation_dtype: str | None = None,
 ) -> ConversionReport:
     """Quantize every linear weight of the transformer blocks of ``src`` into ``dst``.
 
     With ``distill``, the weights quantized are the latent weights of a ternary-aware
     distillation (ternary_plugin/distill.py) instead of the source's, through the same
-    packing below; the report then holds the agreement before and after it."""
+    packing below; the report then holds the agreement before and after it.
+
+    ``activation_dtype`` ("int8" for W2A8) is written to quantization_config; left out, the
+    checkpoint says nothing and is served with float activations (activations.py)."""
     t0 = time.time()
     src, dst = Path(src), Path(dst)
     config = ckpt.read_config(src)
@@ -114,11 +124,14 @@ def convert(
         if not force:
             raise FileExistsError(f"{dst} exists and is not empty; pass --force to overwrite it")
         shutil.rmtree(dst)
+    if activation_dtype is not None and activation_dtype not in ACTIVATION_DTYPES:
+        raise ValueError(f"activation_dtype {activation_dtype!r} is not one of {list(ACTIVATION_DTYPES)}")
     files = ckpt.weight_files(src)  # a clear error before any work when weights are missing
     if distill and distill.checkpoint_dir and Path(distill.checkpoint_dir).resolve().is_relative_to(dst.resolve()):
         raise ValueError(f"distillation checkpoint_dir {distill.checkpoint_dir} is inside {dst}, the checkpoint "
                          "that gets served; put it beside DST (the CLI's default is DST's parent)")
-    report = ConversionReport(src=str(src), dst=str(dst), model_type=mt, block_size=block_size)
+    report = ConversionReport(src=str(src), dst=str(dst), model_type=mt, block_size=block_size,
+                              activation_dtype=activation_dtype)
     # name -> trained tensor under the source's own names; the source's tensors otherwise.
     trained: dict[str, torch.Tensor] = {}
     if distill:
@@ -169,9 +182,11 @@ def convert(
         "codes": {"00": 0, "01": 1, "10": -1, "11": "reserved"},
         "packing": "4 codes per uint8 along K, first weight in the lowest 2 bits",
     }
+    if activation_dtype is not None:
+        config["quantization_config"][ACTIVATION_DTYPE_KEY] = activation_dtype
     (dst / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     if quality_check:
-        report.embedding_cosine = embedding_cosine(src, dst)
+        report.embedding_cosine, report.w2a8_embedding_cosine = embedding_cosines(src, dst)
     report.seconds = time.time() - t0
     (dst / "ternary_conversion_report.json").write_text(json.dumps(report.to_json(), indent=2) + "\n")
     return report
@@ -203,11 +218,25 @@ def _copy_side_files(src: Path, dst: Path) -> None:
 
 def embedding_cosine(src: Path, dst: Path, sentences: list[str] = SAMPLE_SENTENCES) -> list[float]:
     """Cosine, per sentence, between the original model's and the ternary model's embeddings."""
-    from .reference_model import embed
+    return embedding_cosines(src, dst, sentences, w2a8=False)[0]
+
+
+def embedding_cosines(src: Path, dst: Path, sentences: list[str] = SAMPLE_SENTENCES,
+                      w2a8: bool = True) -> tuple[list[float], list[float]]:
+    """(original vs ternary, ternary W2A8 vs ternary with float activations): cosine per sentence;
+    the second is [] without ``w2a8``. The float ternary embeddings are made once for both."""
+    from .reference_model import embed, w2a8_cosine
 
     a = embed(src, sentences)
     b = embed(dst, sentences)
-    return [float(x) for x in torch.nn.functional.cosine_similarity(a, b, dim=-1)]
+    cos = [float(x) for x in torch.nn.functional.cosine_similarity(a, b, dim=-1)]
+    return cos, (w2a8_cosine(dst, sentences, baseline=b) if w2a8 else [])
+
+
+def w2a8_cosine_line(cos: list[float]) -> str:
+    """The report line of the W2A8 mode's cost (converter and validator)."""
+    return (f"W2A8 (int8 activations, activation_dtype: int8) vs float activations, same checkpoint, embedding "
+            f"cosine over {len(cos)} sample sentences: min {min(cos):.6f}, mean {sum(cos) / len(cos):.6f}")
 
 
 MINILM = "minilm"

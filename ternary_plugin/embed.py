@@ -8,14 +8,18 @@ from pathlib import Path
 
 
 def engine_kwargs(model: str | Path, *, tp: int = 1, dtype: str = "float32", max_model_len: int | None = None,
-                  compile: bool = False) -> dict:
-    """vLLM ``LLM(...)`` arguments for a pooling engine over ``model``."""
+                  compile: bool = False, activation_dtype: str | None = None) -> dict:
+    """vLLM ``LLM(...)`` arguments for a pooling engine over ``model``; ``activation_dtype``
+    overrides the checkpoint's (through ``hf_overrides``, as a deployment does)."""
     from vllm.platforms import current_platform
 
+    from .activations import activation_overrides
     from .worker_ext import EXTENSION
 
     kwargs = dict(model=str(model), runner="pooling", dtype=dtype, tensor_parallel_size=tp,
                   max_model_len=max_model_len, enforce_eager=not compile, worker_extension_cls=EXTENSION, seed=0)
+    if activation_dtype is not None:
+        kwargs["hf_overrides"] = activation_overrides(model, activation_dtype)
     if tp > 1 and current_platform.is_cpu():
         kwargs["distributed_executor_backend"] = "mp"  # CPU vLLM refuses the ray backend
     elif tp > 1:
@@ -25,7 +29,8 @@ def engine_kwargs(model: str | Path, *, tp: int = 1, dtype: str = "float32", max
 
 
 def embed(model: str | Path, texts: list[str], *, tp: int = 1, dtype: str = "float32",
-          max_model_len: int | None = None, compile: bool = False, report: bool = False) -> dict:
+          max_model_len: int | None = None, compile: bool = False, report: bool = False,
+          activation_dtype: str | None = None) -> dict:
     """Start an engine, embed ``texts``, stop the engine. ``report`` adds what every tensor-parallel
     rank's ternary layers hold (``collective_rpc("ternary_report")``)."""
     from .preflight import check_plugin_for
@@ -34,7 +39,8 @@ def embed(model: str | Path, texts: list[str], *, tp: int = 1, dtype: str = "flo
     from vllm import LLM
 
     t0 = time.time()
-    llm = LLM(**engine_kwargs(model, tp=tp, dtype=dtype, max_model_len=max_model_len, compile=compile))
+    llm = LLM(**engine_kwargs(model, tp=tp, dtype=dtype, max_model_len=max_model_len, compile=compile,
+                              activation_dtype=activation_dtype))
     start_s = time.time() - t0
     try:
         outs = llm.embed(texts, use_tqdm=False)
@@ -61,5 +67,6 @@ def summary(result: dict) -> str:
         q = sum(x["quant_bytes"] for x in rank["layers"].values())
         f = sum(x["fp16_bytes"] for x in rank["layers"].values())
         lines.append(f"  tp rank {rank['tp_rank']}: plugin loaded={rank['plugin_loaded']}, "
+                     f"activations {rank.get('activation_dtype')}, "
                      f"{len(rank['layers'])} ternary layers hold {q / 2**20:.2f} MiB (fp16 would be {f / 2**20:.2f} MiB)")
     return "\n".join(lines)

@@ -9,6 +9,7 @@ from vllm.model_executor.layers.linear import LinearMethodBase, ReplicatedLinear
 
 from . import compat, dispatch, envs, humming_backend
 from . import format as fmt
+from .activations import ternary_linear_w2a8
 from .ops import ensure_op_registered, kernel_wants_padding, pad_packed_rows, ternary_linear
 from .params import TernaryLoadError, TernaryPackedParameter, TernaryScaleParameter
 
@@ -135,6 +136,10 @@ class TernaryLinearMethod(LinearMethodBase):
         packed = layer.packed_ternary_weight  # uint8 [N, ceil(Kp/4)]
         out_shape = (*x.shape[:-1], packed.shape[0])
         x2d = x.reshape(-1, x.shape[-1]).contiguous()  # [M, Kp]
+        if self.quant_config.w2a8:  # int8 activations (activations.py)
+            y = ternary_linear_w2a8(x2d, packed, layer.weight_scale, bias, layer.ternary_block_size,
+                                    layer.ternary_k_offset, self.quant_config.token_block)  # [M, N]
+            return y.reshape(out_shape)
         y = ternary_linear(
             x2d, packed, layer.weight_scale, bias, layer.ternary_block_size, layer.ternary_k_offset
         )  # [M, N]

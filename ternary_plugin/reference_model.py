@@ -3,12 +3,18 @@ quality report and for tests that hold vLLM's embeddings against it.
 
 Pooling follows the sentence-transformers files of the directory (1_Pooling, 2_Normalize),
 as vLLM does; a directory without them pools by the architecture's default.
+
+``load_model(..., linear=f)`` runs every ternary layer through ``f`` (a function with
+``ops.reference_linear``'s arguments) on the packed tensors instead of a dequantized weight:
+with ``activations.reference_linear_w2a8`` that is the W2A8 mode, whose cost
+``w2a8_cosine`` measures.
 """
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Callable
 
 import torch
 
@@ -63,8 +69,27 @@ def dequantized_state_dict(model_dir: Path, dtype: torch.dtype = torch.float32) 
     return out
 
 
-def load_model(model_dir: Path, dtype: torch.dtype = torch.float32):
-    """(model, tokenizer, model_type) with weights from ``model_dir`` (ternary layers dequantized)."""
+class PackedLinear(torch.nn.Module):
+    """A ternary layer computed by ``linear(x, packed, scale, bias, block_size)`` on its packed
+    tensors (uint8 [N, ceil(K/4)], float16 [N, ceil(K/block_size)], as on disk)."""
+
+    def __init__(self, packed: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None, block_size: int,
+                 linear: Callable):
+        super().__init__()
+        self.register_buffer("packed", packed)
+        self.register_buffer("scale", scale)
+        self.register_buffer("bias", bias)
+        self.block_size, self.linear = block_size, linear
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x2d = x.reshape(-1, x.shape[-1])  # [M, K]
+        y = self.linear(x2d, self.packed, self.scale, self.bias, self.block_size)  # [M, N]
+        return y.reshape(*x.shape[:-1], y.shape[-1])
+
+
+def load_model(model_dir: Path, dtype: torch.dtype = torch.float32, linear: Callable | None = None):
+    """(model, tokenizer, model_type) with weights from ``model_dir``: ternary layers dequantized,
+    or, with ``linear``, computed by it on their packed tensors (``PackedLinear``)."""
     from transformers import AutoConfig, AutoModel, AutoTokenizer
 
     config = AutoConfig.from_pretrained(model_dir)
@@ -80,9 +105,26 @@ def load_model(model_dir: Path, dtype: torch.dtype = torch.float32):
     missing = [m for m in missing if not m.startswith("pooler.") and "position_ids" not in m]
     if missing:
         raise ckpt.CheckpointError(f"{model_dir}: tensors missing for {missing[:5]}...")
+    if linear is not None:
+        _swap_ternary_layers(model, model_dir, dtype, linear)
     model.eval()
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     return model, tokenizer, mt
+
+
+def _swap_ternary_layers(model: torch.nn.Module, model_dir: Path, dtype: torch.dtype, linear: Callable) -> None:
+    config = ckpt.read_config(model_dir)
+    block_size = (ckpt.quantization_config(config) or {}).get("block_size", fmt.DEFAULT_BLOCK_SIZE)
+    tensors = ckpt.load_tensors(model_dir)
+    own = model.state_dict()
+    for layer in ckpt.ternary_layers(tensors):
+        name = _strip_to(own, f"{layer}.weight")[: -len(".weight")]
+        old = model.get_submodule(name)
+        bias = None if old.bias is None else old.bias.detach().to(dtype)
+        packed, scale = tensors[f"{layer}.{fmt.PACKED_WEIGHT_SUFFIX}"], tensors[f"{layer}.{fmt.SCALE_SUFFIX}"]
+        parent, _, child = name.rpartition(".")
+        setattr(model.get_submodule(parent) if parent else model, child,
+                PackedLinear(packed, scale, bias, block_size, linear))
 
 
 def _strip_to(own: dict, name: str) -> str:
@@ -113,3 +155,22 @@ def embed(model_dir: Path, inputs: list[str] | list[list[int]], dtype: torch.dty
             v = hidden[-1]
         rows.append(torch.nn.functional.normalize(v, dim=-1) if normalize else v)
     return torch.stack(rows)
+
+
+def w2a8_linear(model_dir: Path) -> Callable:
+    """``reference_linear_w2a8`` with the checkpoint's activation_scales (per token by default)."""
+    from functools import partial
+
+    from .activations import ACTIVATION_SCALES_KEY, reference_linear_w2a8
+
+    qc = ckpt.quantization_config(ckpt.read_config(model_dir)) or {}
+    return partial(reference_linear_w2a8, token_block=qc.get(ACTIVATION_SCALES_KEY) == "token_block")
+
+
+def w2a8_cosine(model_dir: Path, inputs: list[str], baseline: torch.Tensor | None = None) -> list[float]:
+    """Cosine, per input, between ``model_dir``'s embeddings in the W2A8 mode (its activation_scales)
+    and with float activations (same checkpoint; ``baseline``: those float embeddings if made)."""
+    if baseline is None:
+        baseline = embed(model_dir, inputs)
+    w2a8 = embed(model_dir, inputs, loaded=load_model(model_dir, linear=w2a8_linear(model_dir)))
+    return [float(c) for c in torch.nn.functional.cosine_similarity(w2a8.double(), baseline.double(), dim=-1)]

@@ -8,7 +8,10 @@ TP_SHARD    for each tp size, the shards that shard.py (the loader's shard funct
             produces reassemble into exactly the global logical matrix (torch.equal on
             codes, bit-exact float16 scales), misaligned boundaries included.
 
-Each level yields one ``Level(name, status, detail)``; problems name the tensor.
+Each level yields one ``Level(name, status, detail)``; problems name the tensor. With ``w2a8``
+(on by itself for a checkpoint whose quantization_config says ``activation_dtype: int8``) the
+report adds what that mode costs: the embedding cosine, W2A8 vs float activations, of the same
+checkpoint on the converter's sample sentences (a transformers forward; a report, not a level).
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import torch
 
 from . import checkpoint as ckpt
 from . import format as fmt
+from .activations import ACTIVATION_DTYPE_KEY, INT8
 from .shard import (
     ShardError,
     column_row_range,
@@ -208,8 +212,21 @@ def reference_errors(config: dict, tensors: dict[str, torch.Tensor], block_size:
     return out
 
 
-def validate(model_dir: Path, tp_sizes: list[int] = (2, 4, 8), reference: Path | None = None) -> tuple[list[Level], list[str]]:
-    """Run the three levels; returns the levels and, with ``reference``, per-layer errors."""
+def w2a8_report(model_dir: Path) -> str:
+    """The W2A8 cost line, or why it could not be measured (a checkpoint transformers cannot run)."""
+    from .convert import SAMPLE_SENTENCES, w2a8_cosine_line
+    from .reference_model import w2a8_cosine
+
+    try:
+        return w2a8_cosine_line(w2a8_cosine(model_dir, SAMPLE_SENTENCES))
+    except (OSError, ValueError, KeyError) as exc:  # no tokenizer / an architecture transformers lacks
+        return f"W2A8 cost not measured: {type(exc).__name__}: {exc}"
+
+
+def validate(model_dir: Path, tp_sizes: list[int] = (2, 4, 8), reference: Path | None = None,
+             w2a8: bool | None = None) -> tuple[list[Level], list[str]]:
+    """Run the three levels; returns the levels and report lines: with ``reference``, per-layer
+    errors; with ``w2a8`` (None: where the checkpoint's activation_dtype is int8), the W2A8 cost."""
     model_dir = Path(model_dir)
     try:
         config = ckpt.read_config(model_dir)
@@ -239,4 +256,8 @@ def validate(model_dir: Path, tp_sizes: list[int] = (2, 4, 8), reference: Path |
     else:
         tp = Level("TP_SHARD", OK, "exact reassembly: " + ", ".join(notes))
     extra = reference_errors(config, tensors, block_size, reference) if reference else []
+    if w2a8 is None:
+        w2a8 = qc.get(ACTIVATION_DTYPE_KEY) == INT8
+    if w2a8:
+        extra.append(w2a8_report(model_dir))
     return [cpu, gpu, tp], extra

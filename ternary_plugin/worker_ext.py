@@ -104,10 +104,12 @@ class TernaryWorkerExtension:
         from . import is_registered
 
         layers = ternary_layers(self._ternary_model())
+        modes = sorted({layer.quant_method.quant_config.activation_dtype for layer in layers.values()})
         return {
             "pid": os.getpid(),
             "tp_rank": self._tp_rank(),
             "tp_size": get_tensor_model_parallel_world_size(),
             "plugin_loaded": is_registered(),
+            "activation_dtype": ",".join(modes) or None,  # the mode the layers run (activations.py)
             "layers": {name: layer_report(layer) for name, layer in layers.items()},
         }

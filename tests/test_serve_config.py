@@ -142,3 +142,43 @@ def test_ingress_options_merge_over_serve_llm_defaults():
     assert fixed["num_replicas"] == 2 and "autoscaling_config" not in fixed
     assert fixed["ray_actor_options"] == {"num_cpus": 0.5}
     assert ingress_options(DEFAULT_INGRESS_OPTIONS, {})["autoscaling_config"] == DEFAULT_INGRESS_OPTIONS["autoscaling_config"]
+
+
+def test_activation_dtype_becomes_the_engines_hf_overrides(tiny_bert):
+    """activation_dtype -> hf_overrides: the checkpoint's quantization_config with the mode set, the
+    config's own hf_overrides kept (their quantization_config keys merged, not replaced)."""
+    import json
+
+    base = {**_args(REPO / "configs" / "cpu.yaml"), "model": str(tiny_bert["dst"])}
+    qc = json.loads((tiny_bert["dst"] / "config.json").read_text())["quantization_config"]
+    assert TernaryServeConfig.model_validate(base).engine_hf_overrides() is None
+    user = {"max_position_embeddings": 256, "quantization_config": {"modules_not_converted": []}}
+    assert TernaryServeConfig.model_validate({**base, "hf_overrides": user}).engine_hf_overrides() == {
+        "max_position_embeddings": 256, "quantization_config": {**qc, "modules_not_converted": []}}
+    cfg = TernaryServeConfig.model_validate({**base, "activation_dtype": "int8", "hf_overrides": user})
+    assert cfg.engine_hf_overrides() == {
+        "max_position_embeddings": 256,
+        "quantization_config": {**qc, "modules_not_converted": [], "activation_dtype": "int8"}}
+    # what the plugin's config makes of the dict vLLM is handed (vLLM sets it as the attribute)
+    pytest.importorskip("vllm")
+    from ternary_plugin.config import TernaryConfig
+
+    assert TernaryConfig.from_config(cfg.engine_hf_overrides()["quantization_config"]).w2a8
+
+
+def test_activation_dtype_errors_name_the_field_and_the_values():
+    base = _args(REPO / "configs" / "cpu.yaml")
+    with pytest.raises(ValueError, match=r"activation_dtype: 'fp8' is not one of \['bf16', 'fp16', 'none', 'int8'\]"):
+        TernaryServeConfig.model_validate({**base, "activation_dtype": "fp8"})
+    with pytest.raises(ValueError, match=r"activation_dtype 'int8' disagrees with hf_overrides\.quantization_config\."
+                       r"activation_dtype 'bf16': set one of them"):
+        TernaryServeConfig.model_validate({**base, "activation_dtype": "int8",
+                                           "hf_overrides": {"quantization_config": {"activation_dtype": "bf16"}}})
+
+
+@pytest.mark.xfail(strict=True, reason="deployments/app.py's llm_config does not pass cfg.engine_hf_overrides() to "
+                   "the engine yet (app.py is outside this branch's files; remove this mark with that one line)")
+def test_llm_config_sends_the_hf_overrides(tiny_bert):
+    cfg = TernaryServeConfig.model_validate({**_args(REPO / "configs" / "cpu.yaml"), "model": str(tiny_bert["dst"]),
+                                             "activation_dtype": "int8"})
+    assert llm_config(cfg).engine_kwargs.get("hf_overrides") == cfg.engine_hf_overrides()

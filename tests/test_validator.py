@@ -162,3 +162,11 @@ def test_gpu_load_is_byte_identical_on_the_gpu(hand_built):
     pytest.importorskip("vllm")
     level = _lines(hand_built)["GPU_LOAD"]
     assert level.status == "OK" and "byte-identical" in level.detail, level.line()
+
+
+def test_w2a8_cost_without_a_tokenizer_says_why(hand_built):
+    """A checkpoint transformers cannot run (this hand-built one has no norms and no tokenizer): the
+    W2A8 line says the cost was not measured and why; the levels are unaffected."""
+    levels, extra = validate(hand_built, [2], w2a8=True)
+    assert [lv.status for lv in levels][::2] == ["OK", "OK"]
+    assert len(extra) == 1 and extra[0].startswith("W2A8 cost not measured: "), extra

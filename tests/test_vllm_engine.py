@@ -172,3 +172,22 @@ def test_stock_vllm_without_plugin_names_the_method(tiny_qwen3):
     assert proc.returncode != 0
     assert "Unknown quantization method: ternary" in proc.stderr
     assert "KeyError" not in proc.stderr
+
+
+def test_w2a8_through_hf_overrides(tiny_qwen3):
+    """`--activation-dtype int8` hands the engine hf_overrides={"quantization_config": {<the
+    checkpoint's>, "activation_dtype": "int8"}} (activations.activation_overrides, as a Serve
+    deployment's activation_dtype does): every rank runs W2A8, and the engine's embeddings are the
+    transformers W2A8 forward's (>= 0.9999), nearer to it than to the float-activation forward."""
+    from ternary_plugin.activations import reference_linear_w2a8
+    from ternary_plugin.reference_model import load_model
+
+    texts = TEXTS["tiny_qwen3"]
+    dst = tiny_qwen3["dst"]
+    result = run_embed(dst, 1, texts, report=True, extra_args=("--activation-dtype", "int8"))
+    assert [r["activation_dtype"] for r in result["ranks"]] == ["int8"]
+    w2a8 = cosines(result["embeddings"], embed(dst, texts, loaded=load_model(dst, linear=reference_linear_w2a8)))
+    plain = cosines(result["embeddings"], embed(dst, texts))
+    print(f"W2A8 engine: cosine vs transformers W2A8 {w2a8.tolist()}, vs float activations {plain.tolist()}")
+    assert bool((w2a8 >= COS_MIN).all()) and bool((plain >= 0.999).all()), (w2a8.tolist(), plain.tolist())
+    assert bool((1 - w2a8 < 1 - plain).all()), (w2a8.tolist(), plain.tolist())
