@@ -49,6 +49,9 @@ def llm_config(cfg: TernaryServeConfig):
     for key in ("max_model_len", "max_num_batched_tokens"):
         if getattr(cfg, key) is not None:
             engine_kwargs[key] = getattr(cfg, key)
+    overrides = cfg.engine_hf_overrides()  # activation_dtype merged into the checkpoint's quantization_config
+    if overrides:
+        engine_kwargs["hf_overrides"] = overrides
     env = envs.engine_env()  # ternary_plugin/envs.py says why each is set
     if cfg.device == "cpu":
         env.update(envs.cpu_engine_env())

@@ -176,8 +176,6 @@ def test_activation_dtype_errors_name_the_field_and_the_values():
                                            "hf_overrides": {"quantization_config": {"activation_dtype": "bf16"}}})
 
 
-@pytest.mark.xfail(strict=True, reason="deployments/app.py's llm_config does not pass cfg.engine_hf_overrides() to "
-                   "the engine yet (app.py is outside this branch's files; remove this mark with that one line)")
 def test_llm_config_sends_the_hf_overrides(tiny_bert):
     cfg = TernaryServeConfig.model_validate({**_args(REPO / "configs" / "cpu.yaml"), "model": str(tiny_bert["dst"]),
                                              "activation_dtype": "int8"})
