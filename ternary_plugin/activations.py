@@ -29,12 +29,15 @@ At tp > 1 a row-parallel layer's rank quantizes its own slice of K with its own 
 from __future__ import annotations
 
 import copy
+import logging
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from . import format as fmt
+
+logger = logging.getLogger("vllm.ternary_plugin")
 
 # quantization_config.activation_dtype: the float names all mean today's numerics (activations
 # stay in the engine's dtype, vLLM's --dtype); "int8" is W2A8. Absent = the first.
@@ -127,6 +130,29 @@ def _reference_w2a8_op(
 @_reference_w2a8_op.register_fake
 def _(x, packed, scale, bias, block_size, k_offset, token_block=False):
     return x.new_empty((x.shape[0], packed.shape[0]))
+
+
+@_reference_w2a8_op.register_kernel("cuda")
+def _w2a8_cuda(x, packed, scale, bias, block_size, k_offset, token_block=False):
+    """On CUDA: Humming's int2 x int8 layer where the layer holds Humming's layout (built with
+    per-token int8 activations: ternary_plugin/linear.py), else this module's reference on the GPU
+    (each call dequantizes the layer: correct, slow; said once)."""
+    from . import humming_backend
+
+    hl = humming_backend.attached(packed) if humming_backend._ATTACHED else None
+    if hl is not None and not token_block:
+        y = hl[0](x)
+        return y if bias is None else y + bias
+    if not _warned.get("cuda"):
+        _warned["cuda"] = True
+        logger.warning("W2A8 on CUDA without Humming's layout for this layer (%s): the reference path, which "
+                       "dequantizes each layer per call", "per-(token, block) scales" if token_block else
+                       "humming-kernels missing or the layer ineligible")
+    return reference_linear_w2a8(x, packed.to(x.device), scale.to(x.device), bias, block_size, k_offset,
+                                 token_block)
+
+
+_warned: dict[str, bool] = {}
 
 
 def ternary_linear_w2a8(

@@ -106,7 +106,9 @@ class TernaryLinearMethod(LinearMethodBase):
         n, kp = packed.shape[0], layer.ternary_kp
         dtype = layer.ternary_params_dtype
         dev = dispatch.device_of(packed.device.index)
-        activation_dtype = getattr(self.quant_config, "activation_dtype", None)
+        # Humming's int8 path quantizes per token; per-(token, block) scales stay on the reference
+        qc = self.quant_config
+        activation_dtype = "int8" if qc.w2a8 and not qc.token_block else None
         layout, why = dispatch.plan_layout(
             n, kp, layer.ternary_block_size, layer.ternary_k_offset, dev,
             backend=envs.get(dispatch.BACKEND_ENV) or "auto",

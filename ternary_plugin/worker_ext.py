@@ -80,12 +80,15 @@ class TernaryWorkerExtension:
         from vllm.model_executor.layers.linear import LinearBase
 
         model = self._ternary_model()
+        device = next(model.parameters()).device
 
         def nbytes(tensors) -> int:
-            return sum(t.numel() * t.element_size() for t in tensors)
+            # the device's bytes only: a layer holding Humming's layout keeps the format's own
+            # tensors on the CPU (ternary_plugin/linear.py), its GPU bytes are Humming's
+            return sum(t.numel() * t.element_size() for t in tensors if t.device == device)
 
         linear = sum(
-            nbytes(p for n, p in m.named_parameters(recurse=False) if n != "bias")
+            nbytes(p for n, p in m.named_parameters() if n.rsplit(".", 1)[-1] != "bias")
             for m in model.modules()
             if isinstance(m, LinearBase)
         )
@@ -93,6 +96,7 @@ class TernaryWorkerExtension:
             "tp_rank": self._tp_rank(),
             "model_weight_bytes": nbytes(model.parameters()),  # tied weights counted once
             "buffer_bytes": nbytes(model.buffers()),
+            "host_weight_bytes": sum(p.numel() * p.element_size() for p in model.parameters() if p.device != device),
             "linear_weight_bytes": linear,
             "ternary_layers": len(ternary_layers(model)),
             "device": str(next(model.parameters()).device),
