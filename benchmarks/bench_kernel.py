@@ -8,7 +8,8 @@ graph replays are timed with CUDA events after warm-up; the per-call time is the
 time over the calls in the graph; the median of --replays replays is reported. Each shape
 is checked against the dequantized reference before it is timed.
 
-Writes kernel-h200.json (GPU, versions, command, ceilings, rows) and kernel-h200.md.
+Writes kernel-h200-detail.json (GPU, versions, command, ceilings, rows) and kernel-h200-detail.md
+(every kernel and tile forced; benchmarks/bench_band.py writes the serving-band kernel-h200.*).
 """
 
 from __future__ import annotations
@@ -371,7 +372,7 @@ def main(argv=None) -> int:
     ap.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     ap.add_argument("--ms", type=int, nargs="+", default=MS)
     ap.add_argument("--replays", type=int, default=50)
-    ap.add_argument("--name", default="kernel-h200")
+    ap.add_argument("--name", default="kernel-h200-detail")
     args = ap.parse_args(argv)
     from ternary_plugin import ops
 

@@ -196,25 +196,26 @@ class Band:
     when: Callable[[Call, Device, dict[str, int]], bool]
 
 
-# First row whose `when` holds, top to bottom. Times: us per call on the H200 (132 SMs),
-# benchmarks/results/kernel-h200*.md; layer names are the Qwen3-Embedding shapes there.
+# First row whose `when` holds, top to bottom. Times: us per call on the H200 (132 SMs), bands 1-9
+# from bench_kernel.py (benchmarks/results/kernel-h200-detail.md, kernel-h200-midm.md), H and H2
+# from bench_band.py (kernel-h200.md); layer names are the Qwen3-Embedding shapes there.
 BANDS: tuple[Band, ...] = (
     Band("1", "M <= 16; block_size, k_offset multiples of the unit", MMA,
          "mma.sync, 16 W rows a CTA; 16 warps where the tiles fit one wave, else 8; 64-weight units at M 9-16 "
          "where K <= 1024",
-         "1.37-4.86x cuBLAS bf16 on all 24 (0.6B layer, M <= 16) rows (kernel-h200.md)",
+         "1.37-4.86x cuBLAS bf16 on all 24 (0.6B layer, M <= 16) rows (kernel-h200-detail.md)",
          lambda c, d, l: c.m <= min(16, l["TERNARY_MMA_MAX_M"]) and mma_aligned(c, l)),
     Band("2", "17 <= M <= TERNARY_MMA_MAX_M (32), same alignment", MMA, "mma.sync, 8 warps, 16 W rows x 32 tokens",
          "the small-M kernel's range since its first versions (docs/notes/kernel_notes.md v4, v5)",
          lambda c, d, l: c.m <= l["TERNARY_MMA_MAX_M"] and mma_aligned(c, l)),
     Band("3", "M <= 128, N <= 1536, its 8-warp tiles fit one wave (ceil(N/16) x ceil(M/32) <= 2 x SMs)", MMA,
          "mma.sync, 8 warps",
-         "M 64 on all six narrow layers: o 6.68 vs dq+mm 8.99 (kernel-h200.md); M 128 o 8.70 vs 9.40; past one "
+         "M 64 on all six narrow layers: o 6.68 vs dq+mm 8.99 (kernel-h200-detail.md); M 128 o 8.70 vs 9.40; past one "
          "wave it loses: gate_up/tp4 M 96 8.06 vs tiled 7.43 (kernel-h200-midm.md)",
          lambda c, d, l: (c.m <= l["TERNARY_MMA_NARROW_MAX_M"] and c.n <= l["TERNARY_MMA_NARROW_MAX_N"]
                           and mma_fits_one_wave(c, d) and mma_aligned(c, l))),
     Band("4", "M <= 64, N >= 1536; blocks on 128-weight boundaries, K % 8 == 0, x 16-byte aligned", TILED,
-         "tiled, auto tile", "M 64: qkv 7.47 vs dq+mm 10.14, gate_up 7.48 vs 12.13 (kernel-h200.md)",
+         "tiled, auto tile", "M 64: qkv 7.47 vs dq+mm 10.14, gate_up 7.48 vs 12.13 (kernel-h200-detail.md)",
          lambda c, d, l: c.m <= l["TERNARY_TILED_MAX_M"] and c.n >= l["TERNARY_TILED_MIN_N"] and tiled_aligned(c)),
     Band("5", "M <= 256, N >= 1536, its tiles fit one wave (<= SMs CTAs), same alignment", TILED, "tiled, 64 x 64",
          "qkv M 128 7.63 vs wgmma 9.46; gate_up/tp4 M 256 7.43 vs dq+mm 8.04 (kernel-h200-midm.md); past a wave "
@@ -232,16 +233,16 @@ BANDS: tuple[Band, ...] = (
                           and c.n >= l["TERNARY_WGMMA_WIDE_MIN_N"] and wgmma_aligned(c))),
     Band("7", "1024 <= M <= 8192, compute capability 9.0, same alignment, its 256-token tiles fill the GPU", WGMMA,
          "wgmma, persistent CTAs",
-         "M 4096: qkv 53.67 vs dq+mm 56.58, down 38.97 vs 41.41; qkv M 1024 15.55 vs 19.92 (kernel-h200.md); a "
+         "M 4096: qkv 53.67 vs dq+mm 56.58, down 38.97 vs 41.41; qkv M 1024 15.55 vs 19.92 (kernel-h200-detail.md); a "
          "partial second wave lost (gate_up/tp4 M 4096 27.57 vs 23.22)",
          lambda c, d, l: (d.hopper and l["TERNARY_WGMMA_MIN_M"] > 0
                           and l["TERNARY_WGMMA_MIN_M"] <= c.m <= l["TERNARY_WGMMA_MAX_M"]
                           and wgmma_fills_gpu(c, d) and wgmma_aligned(c))),
     Band("8", "M <= TERNARY_GEMV_MAX_M (1), rows padded: shards whose blocks miss the units above", GEMV, "warp per row",
-         "any k_offset; forced at M 1 2.34-6.45 vs dq+mm 6.47-15.80 (kernel-h200.md)",
+         "any k_offset; forced at M 1 2.34-6.45 vs dq+mm 6.47-15.80 (kernel-h200-detail.md)",
          lambda c, d, l: c.m <= l["TERNARY_GEMV_MAX_M"] and c.rows_padded8),
     Band("9", "everything else", DEQUANT, "dequantize into a transient bf16 W, cuBLAS",
-         "M 256 on N 1024: o 9.75 vs wgmma 10.22, tiled 11.92 (kernel-h200.md); M > 8192 (wgmma ahead on 5 of 8 "
+         "M 256 on N 1024: o 9.75 vs wgmma 10.22, tiled 11.92 (kernel-h200-detail.md); M > 8192 (wgmma ahead on 5 of 8 "
          "rows by 0.5-5 %, behind on 3 by 2-6 %: the bound not revisited)",
          lambda c, d, l: True),
 )

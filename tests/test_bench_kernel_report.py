@@ -63,3 +63,21 @@ def test_wgmma_kernel_table_says_where_it_beats_dequantize_and_cublas():
     assert "| qkv | 256 | 8.5 | 11.5 | 15.8 | 8.5 | 22.8 | 35.8 | 12.7 | 22.4 | 8.5 | 9.0 | 6.4 | 1.059x | 0.753x | 189.5 |" in md
     assert "wgmma kernel faster than dequantize + cuBLAS in 1 of 2 rows: qkv M=256." in md
     assert "wgmma kernel WRONG at o M=4096: relative error 2.0e-01" in md
+
+
+def test_band_report_sums_the_four_layers_and_leaves_untimed_columns_empty():
+    from benchmarks.bench_band import markdown as band_markdown
+    from benchmarks.bench_band import per_layer
+
+    rows = [{"model": "8B", "layer": layer, "M": 64, "K": 4096, "N": 4096, "ternary_us": t, "ours_us": 2 * t,
+             "both_us": t, "cublas_bf16_us": 20.0, "humming_w2a16_us": t, "humming_w2a8_us": None,
+             "ternary_w2a8_us": None, "backend": "humming int2", "rel_err": {"ours": 1.7e-3}}
+            for layer, t in (("qkv", 10.0), ("o", 5.0), ("gate_up", 20.0), ("down", 5.0))]
+    (entry,) = per_layer(rows)
+    assert (entry["ternary_us"], entry["cublas_bf16_us"], entry["speedup_ternary"], entry["speedup_ours"]) == (
+        40.0, 80.0, 2.0, 1.0)
+    assert entry["humming_w2a8_us"] is None and entry["speedup_humming_w2a8"] is None
+    md = band_markdown({"gpu": "H200", "sms": 132, "torch": "2.11", "cuda": "13.0", "humming": "0.1.20",
+                        "command": "c", "ceilings": {"copy_TBps": 2.7, "bf16_matmul_8192_TFLOPs": 790.0},
+                        "rows": rows, "per_layer": [entry]})
+    assert "| 8B | 64 | 2.00x | 1.00x | 2.00x | 2.00x | - | - | 40.0 | 80.0 |" in md

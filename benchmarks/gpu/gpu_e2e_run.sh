@@ -97,7 +97,7 @@ stage_kernel() {
     > "$OUT/memcheck.log" 2>&1
   tail -4 "$OUT/memcheck.log"
   python3 benchmarks/bench_kernel.py --out "$OUT" --replays 50 > "$LOGS/bench_kernel.log" 2>&1 || tail -20 "$LOGS/bench_kernel.log"
-  grep -E "^Geometric|^Worst|^Tiled kernel|^wgmma kernel|WRONG" "$OUT/kernel-h200.md"
+  grep -E "^Geometric|^Worst|^Tiled kernel|^wgmma kernel|WRONG" "$OUT/kernel-h200-detail.md"
 }
 
 # The dispatch table and Humming's layout (the band issue): the GPU tests of every kernel and
