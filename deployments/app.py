@@ -19,6 +19,8 @@ from deployments import compat
 from deployments.config import DEPLOYMENT_PREFIX, TernaryServeConfig
 from ternary_plugin import envs
 
+LOCAL_CHECKPOINT_CALLBACK = "deployments.server:LocalCheckpoint"
+
 
 def omp_bind(tp: int, ncpu: int) -> str:
     """VLLM_CPU_OMP_THREADS_BIND: the cores split evenly over tp ranks ("0-1" for tp 1 on two
@@ -70,6 +72,8 @@ def llm_config(cfg: TernaryServeConfig):
         engine_kwargs=engine_kwargs,
         placement_group_config={"bundles": bundles, "strategy": cfg.placement_strategy},
         runtime_env={"env_vars": env},
+        # a checkpoint directory on every node: nothing to download before the engine starts
+        callback_config={"callback_class": LOCAL_CHECKPOINT_CALLBACK},
         server_cls=cfg.server_class,
         deployment_config={
             "autoscaling_config": {

@@ -90,6 +90,15 @@ def error_response(message: str, code: int, type_: str):
     return ErrorResponse(error=ErrorInfo(message=message, type=type_, code=code))
 
 
+def callback_base() -> type:
+    """The base of Ray Serve LLM's engine-start hooks (``LLMConfig.callback_config``; a hook may set
+    ``ctx.run_init_node = False`` to skip the model download): ``common.callbacks.base.CallbackBase``
+    in both versions."""
+    from ray.llm._internal.common.callbacks.base import CallbackBase
+
+    return CallbackBase
+
+
 def engine_is_dead(client) -> bool:
     """Whether vLLM's engine client has died (``AsyncLLM.errored``: vLLM 0.25.1 and 0.32)."""
     return bool(getattr(client, "errored", False))

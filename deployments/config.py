@@ -171,6 +171,15 @@ class TernaryServeConfig(BaseModel):
         unknown = sorted(set(value) - allowed)
         if unknown:
             raise ValueError(f"ingress_deployment_config: unknown or fixed option(s) {unknown}; allowed: {sorted(allowed)}")
+        if value.get("max_queued_requests", -1) not in (-1, None):
+            # The proxy refuses what overflows the ingress's queue before any ingress code runs, as
+            # plain text without Retry-After (Ray 2.60: "Request dropped due to backpressure
+            # (num_queued_requests=4, max_queued_requests=4)."): no OpenAI shape is possible there.
+            raise ValueError(
+                f"ingress_deployment_config: max_queued_requests {value['max_queued_requests']!r} is refused: Serve's "
+                "proxy answers a full ingress queue in plain text without Retry-After. Bound the model's queue "
+                "instead (the application's max_queued_requests), which the ingress answers as an OpenAI error "
+                "with Retry-After")
         try:
             DeploymentSchema(name="ingress", **value)
             if value.get("autoscaling_config") is not None:

@@ -43,9 +43,12 @@ def openai_error(status: int, message: str, type_: str | None = None, param: Opt
                  headers=None) -> JSONResponse:
     """The OpenAI error schema: {"error": {"message", "type", "param", "code"}}; 503s say when to retry."""
     body = {"error": {"message": message, "type": type_ or error_type(status), "param": param, "code": status}}
-    if status == 503:
-        headers = {"Retry-After": RETRY_AFTER_S, **(headers or {})}
-    return JSONResponse(body, status_code=status, headers=headers)
+    headers = dict(headers or {})
+    # case-blind: a response reshaped by normalized_error already carries "retry-after"; adding
+    # "Retry-After" beside it sent the header twice ("1, 1" to a client that joins them)
+    if status == 503 and not any(k.lower() == "retry-after" for k in headers):
+        headers["Retry-After"] = RETRY_AFTER_S
+    return JSONResponse(body, status_code=status, headers=headers or None)
 
 
 def client_message(message: str) -> str:

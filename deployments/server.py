@@ -4,11 +4,18 @@ per-rank report the reconciliation job asks for. Nothing here can change a weigh
 
 from __future__ import annotations
 
+import asyncio
+import logging
+import os
+import threading
+
 from ray.serve.llm.deployment import LLMServer
 
 from deployments import compat
 
 compat.bind_replica_grpc_to_node_ip()  # loopback means loopback (see compat)
+
+logger = logging.getLogger("ray.serve")
 
 
 class PluginMissingError(RuntimeError):
@@ -27,6 +34,21 @@ def check_worker_status(statuses: list[dict]) -> None:
 
 
 ENGINE_DEAD_MESSAGE = "this replica's engine stopped; Serve is replacing the replica: retry shortly"
+# A replica whose engine died leaves this long after it found out: time for the 503s it is
+# writing to reach the ingress.
+EXIT_AFTER_ENGINE_DEATH_S = 0.5
+ENGINE_SHUTDOWN_WAIT_S = 5.0
+
+
+class LocalCheckpoint(compat.callback_base()):
+    """Ray Serve LLM's node-init hook: skip its model download. Before every engine start it runs
+    one Ray task per node of the replica's placement group to fetch the model; for a checkpoint
+    directory on disk (all we serve) the task only returns the path, but it needs a fresh Ray
+    worker process with the replica's runtime env: 36 s of a replacement's start on a loaded
+    2-core machine (benchmarks/results/reliability-cpu.md)."""
+
+    async def on_before_node_init(self) -> None:
+        self.ctx.run_init_node = False
 
 
 class TernaryLLMServer(LLMServer):
@@ -45,7 +67,32 @@ class TernaryLLMServer(LLMServer):
             client = compat.engine_client(self)
             if client is not None and not compat.engine_is_dead(client):
                 raise
+            self._leave_soon()
             yield compat.error_response(ENGINE_DEAD_MESSAGE, 503, "ServiceUnavailable")
+
+    def _leave_soon(self) -> None:
+        """A dead engine does not come back inside this replica, so the replica leaves: its process
+        exits, Serve sees the actor crashed and starts a replacement at its next health check
+        (within health_check_period_s), and routers stop sending it requests at their first
+        failed call. Staying, it waited for 3 failed health checks (25 s after the kill in the
+        first reliability run) and answered every request routed to it meanwhile with a fast 503:
+        106 requests, and 59 of their 106 retries one second later met it again."""
+        if getattr(self, "_leaving", False):
+            return
+        self._leaving = True
+        logger.error("ternary-serve: the vLLM engine of this replica died; the replica exits so that Serve "
+                     "replaces it now")
+        asyncio.get_running_loop().call_later(EXIT_AFTER_ENGINE_DEATH_S, self._exit)
+
+    def _exit(self) -> None:
+        """Stop what is left of the engine's processes (a worker whose EngineCore was killed), for
+        at most a few seconds, then end this process."""
+        client = compat.engine_client(self)
+        if client is not None:
+            stopper = threading.Thread(target=client.shutdown, daemon=True)
+            stopper.start()
+            stopper.join(ENGINE_SHUTDOWN_WAIT_S)
+        os._exit(1)
 
     def _client(self):
         client = compat.engine_client(self)
@@ -54,7 +101,13 @@ class TernaryLLMServer(LLMServer):
         return client
 
     async def check_health(self) -> None:
-        await super().check_health()  # the engine is alive
+        try:
+            await super().check_health()  # the engine is alive
+        except Exception:
+            client = compat.engine_client(self)
+            if client is not None and compat.engine_is_dead(client):
+                self._leave_soon()
+            raise
         from ternary_plugin.preflight import is_ternary_checkpoint
 
         if not is_ternary_checkpoint(self._llm_config.model_loading_config.model_source):

@@ -11,11 +11,14 @@ import pytest
 
 pytest.importorskip("ray.serve.llm")
 
+from fastapi import Request  # noqa: E402
 from fastapi.responses import JSONResponse  # noqa: E402
 from fastapi.testclient import TestClient  # noqa: E402
 from pydantic import BaseModel  # noqa: E402
+from ray.exceptions import ActorUnavailableError  # noqa: E402
+from ray.serve.exceptions import BackPressureError  # noqa: E402
 
-from deployments.ingress import build_fastapi_app, client_message  # noqa: E402
+from deployments.ingress import OpenAiIngress, TernaryIngress, build_fastapi_app, client_message  # noqa: E402
 
 KEY = "k-123"
 
@@ -84,6 +87,38 @@ def test_lower_layers_errors_are_reshaped_without_internals():
 def test_503_says_when_to_retry():
     r = _post(_client(), "/v1/unavailable", body={})
     assert _error(r, 503)["type"] == "server_error" and r.headers["retry-after"] == "1"
+
+
+class _QueueFull(OpenAiIngress):
+    """Ray Serve LLM's ingress whose call to the model's replicas meets a full queue (the router
+    raises BackPressureError in the ingress's process) or a replica that died."""
+
+    failure: Exception
+
+    async def embeddings(self, body, request):
+        raise self.failure
+
+
+class _Shaped(TernaryIngress, _QueueFull):  # TernaryIngress's super() is _QueueFull
+    pass
+
+
+@pytest.mark.parametrize("failure,words", [
+    (BackPressureError(num_queued_requests=2, max_queued_requests=2), "queue limit"),
+    (ActorUnavailableError("replica restarting", b"\x00" * 16), "went away"),
+], ids=["queue full", "replica gone"])
+def test_full_queue_and_gone_replica_get_one_openai_503_with_one_retry_after(failure, words):
+    ingress = _Shaped.__new__(_Shaped)  # no Serve handles: embeddings() is all that is called
+    ingress.failure = failure
+    app = build_fastapi_app(api_key=KEY, max_body_bytes=32768, max_inputs=4)
+
+    @app.post("/v1/embeddings")
+    async def embeddings(request: Request):
+        return await ingress.embeddings(None, request)
+
+    r = _post(TestClient(app), body={"model": "m", "input": ["a"]})
+    assert words in _error(r, 503)["message"]
+    assert r.headers.get_list("retry-after") == ["1"], r.headers  # once: was "1, 1" through the middleware
 
 
 def test_a_good_request_passes_untouched():

@@ -61,6 +61,8 @@ def test_unknown_and_out_of_range_keys_are_refused():
     with pytest.raises(ValueError, match="ingress_deployment_config: .*num_replicas is not allowed"):
         TernaryServeConfig.model_validate(
             {**base, "ingress_deployment_config": {"num_replicas": 2, "autoscaling_config": {"max_replicas": 3}}})
+    with pytest.raises(ValueError, match="max_queued_requests 4 is refused: Serve's proxy answers .* plain text"):
+        TernaryServeConfig.model_validate({**base, "ingress_deployment_config": {"max_queued_requests": 4}})
     with pytest.raises(ValueError, match="has no config.json; convert a model first"):
         TernaryServeConfig.model_validate({**base, "model": "models/does-not-exist"}).check_model_dir()
 
