@@ -139,7 +139,7 @@ def _w2a8_cuda(x, packed, scale, bias, block_size, k_offset, token_block=False):
     (each call dequantizes the layer: correct, slow; said once)."""
     from . import humming_backend
 
-    hl = humming_backend.attached(packed) if humming_backend._ATTACHED else None
+    hl = humming_backend.attached(packed)
     if hl is not None and not token_block:
         y = hl[0](x)
         return y if bias is None else y + bias

@@ -102,6 +102,8 @@ def attach(packed: torch.Tensor, layer: torch.nn.Module, layout: str) -> None:
 
 def attached(packed: torch.Tensor) -> tuple[torch.nn.Module, str] | None:
     """The Humming layer and layout attached to this packed tensor (by storage), or None."""
+    if not _ATTACHED:  # the common case: no layer holds Humming's layout
+        return None
     entry = _ATTACHED.get(packed.data_ptr())
     if entry is None:
         return None

@@ -187,7 +187,7 @@ def _register_cuda_gemm() -> None:
     from . import humming_backend
 
     def gemm_cuda(x, packed, scale, bias, block_size, k_offset, pdl=False):
-        hl = humming_backend.attached(packed) if humming_backend._ATTACHED else None
+        hl = humming_backend.attached(packed)
         if hl is not None:  # the layer holds Humming's layout (ternary_plugin/linear.py)
             layer, layout = hl
             if layout == "humming" or cuda_plan(x, packed, block_size, k_offset, "both").backend == "humming":
