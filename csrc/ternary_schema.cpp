@@ -19,6 +19,17 @@ TORCH_LIBRARY(ternary_serve, m) {
   m.def("gemm_path(Tensor x, Tensor packed, Tensor scale, Tensor? bias, int block_size, int k_offset, int path, "
         "int rows_per_cta, int k_split=0, int k_unit=0, int tokens_per_cta=0, int warps=0, bool pdl=False, "
         "int mma64_max_k=1024) -> Tensor");
+  // The int8-activation (W2A8) mode (ternary_plugin/activations.py says its numerics): x float
+  // [M, K] quantized per token to int8 inside the op (absmax / 127, round half to even), exact
+  // integer dots against the codes a scale block at a time, fp32 scale products; y in x's dtype.
+  // CPU: csrc/cpu/; CUDA: a Python implementation (ternary_plugin/ops.py) that takes Humming's
+  // int2 x int8 layer or gemm_w2a8_path (the s8 wgmma kernel, csrc/ternary_wgmma_s8.cu; its tile
+  // forced for tests and benchmarks, 0 = auto) by ternary_plugin/dispatch.py's table.
+  m.def("gemm_w2a8(Tensor x, Tensor packed, Tensor scale, Tensor? bias, int block_size, int k_offset) -> Tensor");
+  m.def("gemm_w2a8_path(Tensor x, Tensor packed, Tensor scale, Tensor? bias, int block_size, int k_offset, "
+        "int k_split=0) -> Tensor");
+  // The mode's activation quantization alone: (xq int8 [M, K], sx float32 [M]), for tests.
+  m.def("quantize_int8(Tensor x) -> (Tensor, Tensor)");
   m.def("dequantize(Tensor packed, Tensor scale, int K, int block_size, int k_offset, ScalarType dtype) -> Tensor");
 }
 
