@@ -380,6 +380,8 @@ def plan_layout(n: int, k: int, block_size: int, k_offset: int, dev: Device, *, 
             return "humming", "int8 activations: Humming's int2 x int8 kernel (no s8 kernel of ours for this layer)"
         if backend == "humming":
             return "humming", f"{BACKEND_ENV}=humming, int8 activations"
+        if lim["TERNARY_W2A8_WGMMA_MIN_M"] == 0:
+            return "humming", "TERNARY_W2A8_WGMMA_MIN_M=0: Humming's int2 x int8 at every M"
         if lim["TERNARY_W2A8_WGMMA_MIN_M"] == 1:
             return "ternary", "int8 activations: this repository's s8 wgmma kernel at every M"
         return "both", (f"int8 activations: Humming's int2 x int8 below M {lim['TERNARY_W2A8_WGMMA_MIN_M']}, the s8 "

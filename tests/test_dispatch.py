@@ -174,6 +174,8 @@ def test_int8_activations_take_our_s8_kernel_on_hopper_and_hummings_elsewhere():
     lim64 = {**LIM, "TERNARY_W2A8_WGMMA_MIN_M": 64}
     assert d.plan_layout(1024, 768, 128, 0, H200, backend="auto", **{**kw, "lim": lim64})[0] == "both"
     assert d.plan_layout(1024, 768, 128, 0, H200, backend="humming", **kw)[0] == "humming"
+    off = {**kw, "lim": {**LIM, "TERNARY_W2A8_WGMMA_MIN_M": 0}}
+    assert d.plan_layout(1024, 768, 128, 0, H200, backend="auto", **off)[0] == "humming"
     # off Hopper, or a shard whose blocks miss the kernel's 128-weight k-steps: Humming's, where eligible
     assert d.plan_layout(1024, 768, 128, 0, a100, backend="auto", **kw)[0] == "humming"
     assert d.plan_layout(1024, 768, 128, 64, H200, backend="auto", **kw)[0] == "ternary"  # ineligible shard
