@@ -106,6 +106,14 @@ __device__ __forceinline__ uint32_t spread_codes(uint32_t w) {
   return sign | ((w >> (2 * R)) & 0x01010101u);
 }
 
+// An int32 block sum (|v| <= 127 x 128 < 2^22) as fp32, exactly, without the conversion unit
+// (cvt.rn.f32.s32 runs at 16 a clock an SM: 128 x 128 of them a k-step took ~1024 cycles, twice
+// the k-step's tensor-core time; measured, kernel-h200.md's first s8 run): 2^23 + 2^22 + v has v
+// in its low mantissa bits, so one integer add and one float subtraction give v.
+__device__ __forceinline__ float block_sum_to_float(int32_t v) {
+  return __int_as_float(v + 0x4B400000) - 12582912.f;
+}
+
 // One k-step's A fragments of a thread (4 k32 wgmma x 4 registers): rows r0 (c0) and r0 + 8 (c1),
 // code words 2t (.x) and 2t + 1 (.y) of the row's 32 bytes: natural weights 32t + 16u + 4i + R of
 // word u, field R, byte i. Register a[R][2u] (a[R][2u + 1] for r0 + 8) byte i sits at wgmma
@@ -274,7 +282,7 @@ ternary_wgmma_s8_kernel(const __grid_constant__ CUtensorMap x_map,     // xq [M,
       if (lane == 0) mbar_arrive(empty_bar + 8 * (g % STAGES));
       const float s0 = scale_from_bits(sc[0]), s1 = scale_from_bits(sc[1]);
 #pragma unroll
-      for (int i = 0; i < BM / 2; ++i) acc[i] = fmaf((float)blk[i], (i & 2) ? s1 : s0, acc[i]);
+      for (int i = 0; i < BM / 2; ++i) acc[i] = fmaf(block_sum_to_float(blk[i]), (i & 2) ? s1 : s0, acc[i]);
     };
     uint32_t a0[4][4], a1[4][4];
     unsigned short sc0[2], sc1[2];
@@ -406,23 +414,27 @@ constexpr double kS8SplitUs[3] = {1.84, 3.08, 3.87};  // 2, 4, 8 CTAs
 
 S8Tiling choose_s8_tiling(int M, int N, int K, int k_split) {
   const int steps = (K + kBK - 1) / kBK;
-  const int bm = M > 64 ? 128 : 64;
-  const long tiles = s8_tile_count(M, N, bm), sms = std::max(sm_count(), 1);
+  const long sms = std::max(sm_count(), 1);
   if (k_split > steps) return {0, 0};
-  const double step_us = kS8StepUs[bm == 128];
   S8Tiling best{0, 0};
   double best_us = 0;
-  for (int s : {1, 2, 4, 8}) {
-    if ((k_split != 0 && k_split != s) || s > steps) continue;
-    double us = 0;
-    if (s == 1) {
-      us = (double)steps * ((tiles + sms - 1) / sms) * step_us;
-    } else {
-      const long wave = bm == 128 ? s8_cluster_wave<128>(s) : s8_cluster_wave<64>(s);
-      if (k_split == 0 && (wave <= 0 || tiles * s > wave)) continue;
-      us = (double)((steps + s - 1) / s) * step_us + kS8SplitUs[split_slot(s)];
+  for (int bm : {64, 128}) {
+    if (bm == 64 && M > 64) continue;  // 64-token tiles only where they hold all of M
+    const long tiles = s8_tile_count(M, N, bm);
+    const double step_us = kS8StepUs[bm == 128];
+    for (int s : {1, 2, 4, 8}) {
+      // the epilogue writes a CTA's share of the tile in 16-token stmatrix blocks
+      if ((k_split != 0 && k_split != s) || s > steps || bm / s < 16) continue;
+      double us = 0;
+      if (s == 1) {
+        us = (double)steps * ((tiles + sms - 1) / sms) * step_us;
+      } else {
+        const long wave = bm == 128 ? s8_cluster_wave<128>(s) : s8_cluster_wave<64>(s);
+        if (k_split == 0 && (wave <= 0 || tiles * s > wave)) continue;
+        us = (double)((steps + s - 1) / s) * step_us + kS8SplitUs[split_slot(s)];
+      }
+      if (best.tokens == 0 || us < best_us) best = {bm, s}, best_us = us;
     }
-    if (best.tokens == 0 || us < best_us) best = {bm, s}, best_us = us;
   }
   return best;
 }
