@@ -218,6 +218,9 @@ torch::Tensor gemm_w2a8_path(const torch::Tensor& x,       // [M, K] bf16/fp16
              "): use ternary_plugin.ops.pad_packed_rows");
   CHECK_W2A8(lds >= (k_offset + K + block_size - 1) / block_size, "scale has ", lds, " blocks per row, needs ",
              (k_offset + K + block_size - 1) / block_size);
+  CHECK_W2A8((k_offset + K + block_size - 1) / block_size - k_offset / block_size <= ternary::kS8MaxScaleCols,
+             "the s8 kernel holds at most ", ternary::kS8MaxScaleCols, " scale blocks a row in shared memory, K=", K,
+             " needs ", (k_offset + K + block_size - 1) / block_size - k_offset / block_size);
   if (bias) {
     CHECK_W2A8(bias->is_cuda() && bias->dim() == 1 && bias->size(0) == N && bias->scalar_type() == x.scalar_type(),
                "bias must be [N] in x's dtype on x's device");

@@ -17,8 +17,10 @@
 //     (spread_codes), because the activations' K order is permuted inside every 128-block to
 //     match the codes' natural order (quantize kernel, kPermute below): a register's 4 bytes are
 //     then the same 2-bit field of 4 consecutive code bytes, not 4 fields of one byte;
-//   - the scales are read per k-step from global memory (L1/L2; prefetched a k-step ahead), so K
-//     has no limit from shared memory (8B's down_proj: 96 blocks);
+//   - a tile's scales wait in shared memory as in the bf16 kernel, up to kS8MaxScaleCols (96)
+//     blocks a row (K 12288: 8B's down_proj). Read from global memory a k-step ahead instead,
+//     each k-step paid the load's latency (the second H200 run: 8B qkv M 1 took 1.4 us a k-step
+//     against ~0.3 of tensor-core work; the wgmma fence waits for the register it lands in);
 //   - the epilogue multiplies by the token's sx.
 //
 //                    K (128 a k-step = one scale block) ->
@@ -59,9 +61,12 @@ constexpr int kS8StagesOf = BM == 128 ? 6 : 8;
 template <int STAGES, int BM>
 struct S8Shape {
   static constexpr int kXBytes = BM * kRow, kCBytes = kBN * kCodeRow;
+  static constexpr int kScaleBytes = kBN * kS8MaxScaleCols * 2;  // one tile's scales, [block][row]
   static constexpr int kOutLd = kBN + 8;  // output staging row ([token][W row]), padded
-  // [activation stages (1024-byte aligned) | code stages | output tile | mbarriers full, empty]
-  static constexpr int kCOff = STAGES * kXBytes, kOutOff = kCOff + STAGES * kCBytes;
+  // [activation stages (1024-byte aligned) | code stages | scales of two tiles | output tile |
+  // mbarriers full, empty]
+  static constexpr int kCOff = STAGES * kXBytes, kSOff = kCOff + STAGES * kCBytes;
+  static constexpr int kOutOff = kSOff + 2 * kScaleBytes;
   static constexpr int kBarOff = kOutOff + BM * kOutLd * 2;
   static constexpr int kSmemBytes = kBarOff + 2 * STAGES * 8 + 1024;  // + alignment
   static_assert(kSmemBytes <= 227 * 1024, "shared memory of one CTA");
@@ -241,20 +246,53 @@ ternary_wgmma_s8_kernel(const __grid_constant__ CUtensorMap x_map,     // xq [M,
   const int wg = tid / 128, warp = (tid % 128) / 32, lane = tid % 32, t = lane % 4;
   const int r0 = wg * 64 + warp * 16 + lane / 4;  // this thread's W rows r0, r0 + 8
   const int col0 = k_offset / block_size;          // the scale column of local column 0's block
+  // the blocks the k-steps read: the last k-step starts at local column Kp - 128 (< K)
+  const int cols = (k_offset + Kp - kBK) / block_size - col0 + 1;
+  // A tile's scales to shared memory as [block][row] (rows past N read row N - 1, never stored),
+  // into one of two buffers by tile parity: thread tid loads row tid / 2, blocks tid % 2, + 2, ...;
+  // the next tile's first 32 blocks are loaded before this tile's epilogue and stored after it.
+  const int srow = tid / 2;
+  auto load_scales = [&](int n0, int c0, unsigned short (&v)[16]) {
+    const unsigned short* sg = reinterpret_cast<const unsigned short*>(scale) + (size_t)min(n0 + srow, N - 1) * lds + col0;
+#pragma unroll
+    for (int i = 0; i < 16; ++i) v[i] = c0 + 2 * i < cols ? __ldg(sg + c0 + 2 * i) : 0;
+  };
+  auto store_scales = [&](int c0, const unsigned short (&v)[16], unsigned short* ssc) {
+#pragma unroll
+    for (int i = 0; i < 16; ++i)
+      if (c0 + 2 * i < cols) ssc[(c0 + 2 * i) * kBN + srow] = v[i];
+  };
+  auto scale_buffer = [&](int tcount) {
+    return reinterpret_cast<unsigned short*>(smem + S::kSOff + (tcount & 1) * S::kScaleBytes);
+  };
+  auto rest_of_scales = [&](int n0, unsigned short* ssc) {  // blocks past the first 32
+    for (int c0 = 32 + tid % 2; c0 < cols; c0 += 32) {
+      unsigned short v[16];
+      load_scales(n0, c0, v);
+      store_scales(c0, v, ssc);
+    }
+  };
+  {
+    unsigned short v[16];
+    const int n0 = (first_tile % tiles_n) * kBN;
+    load_scales(n0, tid % 2, v);
+    store_scales(tid % 2, v, scale_buffer(0));
+    rest_of_scales(n0, scale_buffer(0));
+  }
+  mma_sync();
 
-  int it = 0;
-  for (int tile = first_tile; tile < tiles; tile += tile_stride) {
+  int it = 0, tcount = 0;
+  for (int tile = first_tile; tile < tiles; tile += tile_stride, ++tcount) {
     const int n0 = (tile % tiles_n) * kBN, m0 = (tile / tiles_n) * BM;
-    const unsigned short* srow0 = reinterpret_cast<const unsigned short*>(scale) + (size_t)min(n0 + r0, N - 1) * lds;
-    const unsigned short* srow1 = reinterpret_cast<const unsigned short*>(scale) + (size_t)min(n0 + r0 + 8, N - 1) * lds;
-    // k-step kt's scale column (relative to the tensor's column 0): local column 128 kt is global
-    // k_offset + 128 kt, in block (k_offset + 128 kt) / block_size
+    const unsigned short* ssc = scale_buffer(tcount);
+    // k-step kt's scale column (relative to col0): local column 128 kt is global k_offset + 128 kt
     auto scale_col = [&](int kt) { return (k_offset + (kt0 + kt) * kBK) / block_size - col0; };
 
-    // Waits for k-step kt's stage, decodes its codes and loads its two rows' scales (raw bits).
+    // Waits for k-step kt's stage, decodes its codes and reads its two rows' scales (raw bits).
     auto decode = [&](uint32_t (&a)[4][4], unsigned short (&sc)[2], int kt) {
       const int g = it + kt;
-      sc[0] = __ldg(srow0 + scale_col(kt)), sc[1] = __ldg(srow1 + scale_col(kt));
+      const int c = scale_col(kt);
+      sc[0] = ssc[c * kBN + r0], sc[1] = ssc[c * kBN + r0 + 8];
       mbar_wait(full_bar + 8 * (g % STAGES), (g / STAGES) & 1);
       const uint8_t* codes = smem + S::kCOff + (g % STAGES) * S::kCBytes;
       const uint2 c0 = *reinterpret_cast<const uint2*>(codes + r0 * kCodeRow + 8 * t);
@@ -302,6 +340,10 @@ ternary_wgmma_s8_kernel(const __grid_constant__ CUtensorMap x_map,     // xq [M,
       else split_k_reduce<BM, STAGES, 8, kRow>(acc, red, rank, tid);
       t_lo = rank * (BM / splits), t_hi = t_lo + BM / splits;
     }
+    // The next tile's first scale blocks, in flight through the epilogue.
+    const int next = tile + tile_stride, next_n0 = (next % tiles_n) * kBN;
+    unsigned short next_scales[16];
+    if (next < tiles) load_scales(next_n0, tid % 2, next_scales);
 
     // The output tile in shared memory as [token][W row]: acc x sx[token] + bias, rounded once, by
     // stmatrix .trans (csrc/ternary_wgmma.cu's epilogue: d[4j + 2h + e] is token 8j + 2t + e of
@@ -340,7 +382,11 @@ ternary_wgmma_s8_kernel(const __grid_constant__ CUtensorMap x_map,     // xq [M,
     }
     mma_sync();
     store_tile<T, BM, kBN>(out, S::kOutLd, y, min(M, m0 + t_hi), N, m0 + t_lo, n0, tid, kMmaThreads);
-    mma_sync();  // the output tile read: free for the next tile
+    if (next < tiles) {
+      store_scales(tid % 2, next_scales, scale_buffer(tcount + 1));
+      rest_of_scales(next_n0, scale_buffer(tcount + 1));
+    }
+    mma_sync();  // the next tile's scales stored, this one's output read: both buffers free to reuse
   }
 #endif  // other targets: never launched (the host checks for an sm_90 device)
 }

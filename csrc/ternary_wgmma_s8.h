@@ -10,6 +10,8 @@ namespace ternary {
 
 // Weights of K a k-step: one scale block of 128 (block_size and k_offset multiples of it).
 constexpr int kS8StepK = 128;
+// Scale blocks of a row the kernel holds in shared memory (K <= 12288 at 128-weight blocks).
+constexpr int kS8MaxScaleCols = 96;
 
 struct S8Tiling {
   int tokens, splits;

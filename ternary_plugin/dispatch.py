@@ -39,6 +39,7 @@ MMA_CTAS_PER_SM = 2
 WGMMA_MAX_SCALE_COLS = 64  # ternary_wgmma.h kWgmmaMaxScaleCols: a row's scale blocks in shared memory
 WGMMA_STEP_K = 64  # ternary_wgmma.h kWgmmaStepK
 S8_STEP_K = 128  # ternary_wgmma_s8.h kS8StepK: a k-step of the s8 kernel is one scale block
+S8_MAX_SCALE_COLS = 96  # ternary_wgmma_s8.h kS8MaxScaleCols: a row's scale blocks in shared memory
 
 
 @dataclasses.dataclass(frozen=True)
@@ -145,8 +146,11 @@ class Choice:
 
 
 def wgmma_s8_aligned(c: Call) -> bool:
-    """The s8 kernel's k-steps are whole scale blocks (and TMA copies of the packed rows)."""
-    return c.rows_padded16 and c.block_size % S8_STEP_K == 0 and c.k_offset % S8_STEP_K == 0
+    """The s8 kernel's k-steps are whole scale blocks (and TMA copies of the packed rows), a row's
+    blocks fit its shared memory."""
+    cols = (c.k_offset + c.k - 1) // c.block_size - c.k_offset // c.block_size + 1
+    return (c.rows_padded16 and c.block_size % S8_STEP_K == 0 and c.k_offset % S8_STEP_K == 0
+            and cols <= S8_MAX_SCALE_COLS)
 
 
 # --- the conditions the bands read ---------------------------------------------------------------

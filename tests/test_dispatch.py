@@ -194,6 +194,9 @@ def test_int8_activations_take_our_s8_kernel_on_hopper_and_hummings_elsewhere():
     assert w2a8(64, "ternary", k_offset=64) == ("W2A8 reference", "QR", "reference")
     assert w2a8(64, "ternary", block_size=256, k_offset=128) == ("wgmma s8", "Q1", "ternary")
     assert w2a8(64, "ternary", rows_padded16=False) == ("W2A8 reference", "QR", "reference")
+    # a row's scale blocks in the kernel's shared memory: 96 (K 12288, 8B's down_proj), not 97
+    assert d.plan_w2a8(d.Call(64, 4096, 12288), H200, "ternary", lim=LIM).band == "Q1"
+    assert d.plan_w2a8(d.Call(64, 4096, 12289), H200, "ternary", lim=LIM).band == "QR"
     assert "wgmma s8 (Q1)" in d.describe(4096, 4096, H200, "ternary", w2a8=True)
 
 

@@ -165,4 +165,7 @@ def test_bad_inputs_name_what_is_wrong():
         torch.ops.ternary_serve.gemm_w2a8_path(x, packed, scale, None, 128, 0, k_split=3)
     with pytest.raises(RuntimeError, match="x must be a contiguous 2-D bf16 or fp16"):
         torch.ops.ternary_serve.gemm_w2a8_path(x.float(), packed, scale, None, 128, 0)
-    assert dispatch.S8_STEP_K == 128
+    xk, packedk, scalek, _ = _case(2, 32, 12416, 0, 128, torch.bfloat16, seed=4)  # 97 scale blocks a row
+    with pytest.raises(RuntimeError, match="at most 96 scale blocks a row"):
+        torch.ops.ternary_serve.gemm_w2a8_path(xk.cuda(), packedk.cuda(), scalek.cuda(), None, 128, 0)
+    assert (dispatch.S8_STEP_K, dispatch.S8_MAX_SCALE_COLS) == (128, 96)
