@@ -40,6 +40,7 @@ WGMMA_MAX_SCALE_COLS = 64  # ternary_wgmma.h kWgmmaMaxScaleCols: a row's scale b
 WGMMA_STEP_K = 64  # ternary_wgmma.h kWgmmaStepK
 S8_STEP_K = 128  # ternary_wgmma_s8.h kS8StepK: a k-step of the s8 kernel is one scale block
 S8_MAX_SCALE_COLS = 96  # ternary_wgmma_s8.h kS8MaxScaleCols: a row's scale blocks in shared memory
+W2A8_MAX_M = 16384  # the largest M plan_layout weighs for the int8 mode (a prefill batch's tokens)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,9 +68,10 @@ LIMITS: tuple[Limit, ...] = (
           "on a layer holding both layouts, largest M that keeps this repository's tensor-core kernel (band H2)"),
     Limit("TERNARY_BOTH_WGMMA_MIN_M", 256,
           "on a layer holding both layouts, smallest M that keeps this repository's wgmma kernel (band H2)"),
-    Limit("TERNARY_W2A8_WGMMA_MIN_M", 1,
-          "int8 activations, a layer holding both layouts: smallest M of this repository's s8 wgmma kernel, Humming's "
-          "int2 x int8 below (band Q2; 0: Humming at every M)"),
+    Limit("TERNARY_W2A8_WGMMA_MIN_MN", 100_663_296,
+          "int8 activations on Hopper: smallest M x N that takes this repository's s8 wgmma kernel on a layer that "
+          "also holds Humming's layout, Humming's int2 x int8 below (band Q2; 1: ours at every M, no Humming layout; "
+          "0: Humming at every M)"),
     Limit("TERNARY_HUMMING_MIN_WEIGHTS", 16_777_216,
           "smallest N x K of a layer that takes Humming's layout when `TERNARY_GPU_BACKEND` is auto (0: every "
           "eligible layer)"),
@@ -314,10 +316,13 @@ W2A8_BANDS: tuple[Band, ...] = (
                "128", WGMMA_S8, "wgmma s8, 64/128 tokens, persistent or split 2-8 ways along K",
          "the int8 tensor cores at twice the bf16 rate (kernel-h200.md, W2A8 columns)",
          lambda c, d, l, layout: layout == "ternary" and d.hopper and wgmma_s8_aligned(c)),
-    Band("Q2", "the layer holds both layouts; compute capability 9.0, same alignment, M >= TERNARY_W2A8_WGMMA_MIN_M",
-         WGMMA_S8, "wgmma s8", "kernel-h200.md, W2A8 columns: this repository's s8 kernel against Humming's int2 x int8",
+    Band("Q2", "the layer holds both layouts; compute capability 9.0, same alignment, M x N >= "
+               "TERNARY_W2A8_WGMMA_MIN_MN (6144 x 16384)", WGMMA_S8, "wgmma s8",
+         "Humming's int2 x int8 tiles degrade with M x N: 8B gate_up M 4096 2094 vs ours 1118 us, qkv M 16384 2125 "
+         "vs 1241, 0.6B gate_up M 16384 613 vs 390; below it Humming wins (gate_up M 1024 225 vs 294, o M 16384 "
+         "590 vs 897; kernel-h200.md, second s8 run)",
          lambda c, d, l, layout: (layout == "both" and d.hopper and wgmma_s8_aligned(c)
-                                  and 0 < l["TERNARY_W2A8_WGMMA_MIN_M"] <= c.m)),
+                                  and 0 < l["TERNARY_W2A8_WGMMA_MIN_MN"] <= c.m * c.n)),
     Band("QH", "the layer holds Humming's layout (alone, or both below band Q2)", 0,
          "Humming int2 x int8 (activations quantized per token in its op)",
          "the peer kernel; the only int8 kernel off Hopper",
@@ -360,8 +365,8 @@ def plan_layout(n: int, k: int, block_size: int, k_offset: int, dev: Device, *, 
     eligible and has at least TERNARY_HUMMING_MIN_WEIGHTS weights (measured: Humming won on the
     8B shapes from M 16 and lost on the 0.6B ones at every M), and at any size in the int8-activation
     mode (``activation_dtype`` "int8") where this repository's s8 kernel cannot run (not Hopper, blocks off
-    128-weight boundaries), elsewhere in that mode ternary (or both, with TERNARY_W2A8_WGMMA_MIN_M > 1,
-    for Humming's kernel below it); both does the same
+    128-weight boundaries), elsewhere in that mode both where the layer is wide enough that our s8
+    kernel wins at some M up to 16384 (TERNARY_W2A8_WGMMA_MIN_MN), Humming's alone where not; both does the same
     but keeps the ternary layout too (twice the packed bytes) and takes, per M, the kernel band H2
     names; ternary never; humming wherever eligible (an error where Humming is missing)."""
     if backend not in BACKENDS:
@@ -384,12 +389,14 @@ def plan_layout(n: int, k: int, block_size: int, k_offset: int, dev: Device, *, 
             return "humming", "int8 activations: Humming's int2 x int8 kernel (no s8 kernel of ours for this layer)"
         if backend == "humming":
             return "humming", f"{BACKEND_ENV}=humming, int8 activations"
-        if lim["TERNARY_W2A8_WGMMA_MIN_M"] == 0:
-            return "humming", "TERNARY_W2A8_WGMMA_MIN_M=0: Humming's int2 x int8 at every M"
-        if lim["TERNARY_W2A8_WGMMA_MIN_M"] == 1:
-            return "ternary", "int8 activations: this repository's s8 wgmma kernel at every M"
-        return "both", (f"int8 activations: Humming's int2 x int8 below M {lim['TERNARY_W2A8_WGMMA_MIN_M']}, the s8 "
-                        "wgmma kernel from there (twice the packed bytes)")
+        min_mn = lim["TERNARY_W2A8_WGMMA_MIN_MN"]
+        if min_mn == 1:
+            return "ternary", "int8 activations, TERNARY_W2A8_WGMMA_MIN_MN=1: this repository's s8 wgmma kernel at every M"
+        if min_mn == 0 or n * W2A8_MAX_M < min_mn:
+            return "humming", (f"int8 activations: Humming's int2 x int8 at every M up to {W2A8_MAX_M} (N x M < "
+                               f"TERNARY_W2A8_WGMMA_MIN_MN {min_mn})")
+        return "both", (f"int8 activations: Humming's int2 x int8 below M x N {min_mn}, the s8 wgmma kernel from M "
+                        f"{-(-min_mn // n)} (twice the packed bytes)")
     if backend in ("auto", "both") and n * k < lim["TERNARY_HUMMING_MIN_WEIGHTS"]:
         return "ternary", f"N x K = {n * k} < TERNARY_HUMMING_MIN_WEIGHTS ({lim['TERNARY_HUMMING_MIN_WEIGHTS']})"
     if backend == "both":

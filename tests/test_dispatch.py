@@ -167,28 +167,34 @@ def test_humming_repack_keeps_every_code(n, k):
 def test_int8_activations_take_our_s8_kernel_on_hopper_and_hummings_elsewhere():
     kw = dict(humming_importable=True, lim=LIM, activation_dtype="int8")
     a100 = d.Device(108, (8, 0), "A100")
-    # Hopper: this repository's s8 wgmma kernel at every M (TERNARY_W2A8_WGMMA_MIN_M 1), any size
-    assert d.plan_layout(1024, 768, 128, 0, H200, backend="auto", **kw)[0] == "ternary"
-    assert d.plan_layout(24576, 4096, 128, 0, H200, backend="auto", **kw)[0] == "ternary"
-    # a threshold above 1 keeps Humming's int2 x int8 layer below it: both layouts
-    lim64 = {**LIM, "TERNARY_W2A8_WGMMA_MIN_M": 64}
-    assert d.plan_layout(1024, 768, 128, 0, H200, backend="auto", **{**kw, "lim": lim64})[0] == "both"
-    assert d.plan_layout(1024, 768, 128, 0, H200, backend="humming", **kw)[0] == "humming"
-    off = {**kw, "lim": {**LIM, "TERNARY_W2A8_WGMMA_MIN_M": 0}}
-    assert d.plan_layout(1024, 768, 128, 0, H200, backend="auto", **off)[0] == "humming"
-    # off Hopper, or a shard whose blocks miss the kernel's 128-weight k-steps: Humming's, where eligible
+    # Hopper, Humming importable: both layouts where M x N reaches TERNARY_W2A8_WGMMA_MIN_MN (6144 x
+    # 16384) by M 16384, i.e. N >= 6144; Humming's alone on narrower layers
+    assert d.plan_layout(24576, 4096, 128, 0, H200, backend="auto", **kw)[0] == "both"
+    assert d.plan_layout(6144, 1024, 128, 0, H200, backend="auto", **kw)[0] == "both"
+    assert d.plan_layout(4096, 12288, 128, 0, H200, backend="auto", **kw)[0] == "humming"
+    assert d.plan_layout(4096, 4096, 128, 0, H200, backend="humming", **kw)[0] == "humming"
+    ours = {**kw, "lim": {**LIM, "TERNARY_W2A8_WGMMA_MIN_MN": 1}}
+    assert d.plan_layout(1024, 768, 128, 0, H200, backend="auto", **ours)[0] == "ternary"
+    off = {**kw, "lim": {**LIM, "TERNARY_W2A8_WGMMA_MIN_MN": 0}}
+    assert d.plan_layout(24576, 4096, 128, 0, H200, backend="auto", **off)[0] == "humming"
+    # without Humming our kernel serves every M; off Hopper Humming's, where eligible
+    assert d.plan_layout(4096, 4096, 128, 0, H200, backend="auto", humming_importable=False, lim=LIM,
+                         activation_dtype="int8")[0] == "ternary"
     assert d.plan_layout(1024, 768, 128, 0, a100, backend="auto", **kw)[0] == "humming"
     assert d.plan_layout(1024, 768, 128, 64, H200, backend="auto", **kw)[0] == "ternary"  # ineligible shard
 
-    def w2a8(m, layout, dev=H200, lim=LIM, **call):
-        c = d.plan_w2a8(d.Call(m, 4096, 4096, **call), dev, layout, lim=lim)
+    def w2a8(m, layout, dev=H200, lim=LIM, n=4096, **call):
+        c = d.plan_w2a8(d.Call(m, n, 4096, **call), dev, layout, lim=lim)
         return c.kernel_name, c.band, c.backend
 
     assert w2a8(1, "ternary") == ("wgmma s8", "Q1", "ternary")
     assert w2a8(16384, "ternary") == ("wgmma s8", "Q1", "ternary")
-    assert w2a8(63, "both", lim=lim64) == ("humming int2", "QH", "humming")
-    assert w2a8(64, "both", lim=lim64) == ("wgmma s8", "Q2", "ternary")
-    assert w2a8(4096, "both", lim={**LIM, "TERNARY_W2A8_WGMMA_MIN_M": 0}) == ("humming int2", "QH", "humming")
+    assert w2a8(4095, "both", n=24576) == ("humming int2", "QH", "humming")
+    assert w2a8(4096, "both", n=24576) == ("wgmma s8", "Q2", "ternary")
+    assert w2a8(16383, "both", n=6144) == ("humming int2", "QH", "humming")
+    assert w2a8(16384, "both", n=6144) == ("wgmma s8", "Q2", "ternary")
+    assert w2a8(16384, "both", n=24576, lim={**LIM, "TERNARY_W2A8_WGMMA_MIN_MN": 0}) == ("humming int2", "QH",
+                                                                                         "humming")
     assert w2a8(64, "humming") == ("humming int2", "QH", "humming")
     assert w2a8(64, "ternary", dev=a100) == ("W2A8 reference", "QR", "reference")
     assert w2a8(64, "ternary", k_offset=64) == ("W2A8 reference", "QR", "reference")

@@ -36,7 +36,7 @@ LOGS=/root/e2e-logs
 [ -e /root/mma64_broken ] && export TERNARY_MMA64_MAX_K=0 && echo "NOTE: 64-weight units off (their GPU tests failed)"
 [ -e /root/tiled_broken ] && export TERNARY_TILED_MAX_M=0 TERNARY_TILED_WAVE_MAX_M=0 && echo "NOTE: tiled kernel off (its GPU tests failed)"
 [ -e /root/wgmma_broken ] && export TERNARY_WGMMA_MIN_M=0 TERNARY_WGMMA_WIDE_MIN_M=0 && echo "NOTE: wgmma kernel off (its GPU tests failed)"
-[ -e /root/w2a8_broken ] && export TERNARY_W2A8_WGMMA_MIN_M=0 && echo "NOTE: s8 kernel off (its GPU tests failed): Humming's int2 x int8"
+[ -e /root/w2a8_broken ] && export TERNARY_W2A8_WGMMA_MIN_MN=0 && echo "NOTE: s8 kernel off (its GPU tests failed): Humming's int2 x int8"
 
 env_json() {  # GPU, versions, and this stage's command, for the report
   python3 - "$1" <<'EOF' > "$OUT/env-$1.json"
