@@ -138,6 +138,18 @@ stage_w2a8() {
   grep -E "^8B|^0.6B" "$LOGS/bench_band.log" | tail -30
 }
 
+# The s8 kernel's tests and its quick timing (no Humming warm-up): the first step of a call that
+# goes on to the end-to-end stages
+stage_w2a8_quick() {
+  timeout 120 python3 -X faulthandler -m pytest -q -p no:cacheprovider -m gpu tests/test_w2a8_gpu.py \
+    > "$OUT/gpu_tests_w2a8.log" 2>&1
+  tail -2 "$OUT/gpu_tests_w2a8.log"; grep -E "^FAILED|^ERROR" "$OUT/gpu_tests_w2a8.log" | head -10
+  if grep -qE "^(FAILED|ERROR)|Timeout|Fatal" "$OUT/gpu_tests_w2a8.log" || ! grep -q " passed" "$OUT/gpu_tests_w2a8.log"; then
+    touch /root/w2a8_broken; export TERNARY_W2A8_WGMMA_MIN_MN=0; echo "s8 kernel FAILED its tests: Humming's from here"; return 1
+  fi
+  timeout 60 python3 benchmarks/probes/s8_quick.py --json "$OUT/s8-quick.json" 2>&1 | tail -25
+}
+
 # The wgmma kernel alone (a short call while it is being built): its GPU tests, memcheck on its
 # small cases, and the kernel bench at M >= 64 (kernel-wgmma.md)
 stage_wgmma() {
