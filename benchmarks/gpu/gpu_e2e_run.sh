@@ -31,10 +31,9 @@
 # files there and run `python benchmarks/bench_e2e.py report .e2e/parts`.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT" /root/e2e-logs
+OUT=${OUT:-/tmp/out}; LOGS=${E2E_LOGS:-/root/e2e-logs}; mkdir -p "$OUT" "$LOGS"
 # /root/site: the payload (activate.sh puts it on the path too) and the wheels setup installs
 export PYTHONPATH="$PWD:/root/site${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 VLLM_PLUGINS=ternary
-LOGS=/root/e2e-logs
 # The tensor-core kernel (and the gemv) are switched off for the e2e stages if their tests failed
 # (kernel stage): then dequantize + cuBLAS, v3's unchanged path, serves every M.
 [ -e /root/mma_broken ] && export TERNARY_MMA_MAX_M=0 TERNARY_MMA_NARROW_MAX_M=0 && echo "NOTE: tensor-core kernel off (its GPU tests failed)"
