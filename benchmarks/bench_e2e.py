@@ -845,11 +845,18 @@ def collect_8b(parts: Path) -> dict:
                for v in VARIANTS if (parts / f"e2e8b-offline-{v}.json").exists()}
     serve = {v: e for v in VARIANTS if (e := _serve_entry(parts, v))}
     prep = json.loads((parts / "e2e8b-prepare.json").read_text()) if (parts / "e2e8b-prepare.json").exists() else {}
+    if (parts / "e2e8b-prepare-again.json").exists():  # e2e8b_serve made the models again (a cold machine)
+        prep["again"] = json.loads((parts / "e2e8b-prepare-again.json").read_text())
     steps = []
     for p in sorted(parts.glob("e2e8b-steps-*.json")):
         steps += json.loads(p.read_text()).get("steps", [])
     warmups = {p.stem.removeprefix("e2e8b-warmup-"): json.loads(p.read_text()) for p in sorted(parts.glob("e2e8b-warmup-*.json"))}
-    envs = [json.loads(p.read_text()) for p in sorted(parts.glob("env-e2e8b_*.json"))]
+    envs = []
+    for p in sorted(parts.glob("env-e2e8b_*.json")):
+        try:
+            envs.append(json.loads(p.read_text()))
+        except json.JSONDecodeError:  # a stage whose env_json failed (e.g. no nvidia-smi) leaves it empty
+            continue
     env = next((e for e in envs if "not importable" not in str(e.get("versions", {}).get("vllm"))), envs[0] if envs else {})
     bf16_emb = offline.get("bf16", {}).get("embeddings")
     ref = json.loads((parts / "e2e8b-reference.json").read_text()) if (parts / "e2e8b-reference.json").exists() else {}
@@ -983,7 +990,7 @@ def markdown_8b(r: dict) -> str:
     prep = r.get("prepare", {})
     if prep:
         lines += ["", "## Preparation", ""]
-        for key in ("make", "convert", "validate"):
+        for key in ("make", "convert", "validate", "again"):
             if key in prep:
                 lines.append(f"- {key}: `{json.dumps(prep[key])[:600]}`")
     if r.get("steps"):

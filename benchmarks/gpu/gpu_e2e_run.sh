@@ -269,6 +269,12 @@ stage_serve_tp2() {
 # it measured and the next one runs. e2e8b-steps-STAGE.json records every step's status and time.
 E2E8B_ROOT=${E2E8B_ROOT:-/root/e2e8b}
 E2E8B_BUDGET=${E2E8B_BUDGET:-550}
+# The Serve config and extra bench_serve arguments, and whether leftover Ray / vLLM processes are
+# killed by name before and after each Serve step: right on the lent machine, where everything is
+# this stage's; E2E8B_CLEAN=0 with a CPU config and other ports checks the stage beside other users
+E2E8B_SERVE_CONFIG=${E2E8B_SERVE_CONFIG:-configs/tp1-8b.yaml}
+E2E8B_SERVE_ARGS=${E2E8B_SERVE_ARGS:-}
+E2E8B_CLEAN=${E2E8B_CLEAN:-1}
 
 e8_init() {  # STAGE
   E8_STAGE=$1; E8_T0=$(date +%s); E8_STEPS="$OUT/e2e8b-steps-$1.json"
@@ -361,7 +367,7 @@ stage_e2e8b_prepare_offline() {
   # warm-ups still running now would share the GPU with graph_tests: stopped, by their pids
   local pid; for pid in "${warm[@]}"; do kill "$pid" 2>/dev/null; done
   e8_step graph_tests 100 0 40 "$LOGS/e2e8b-graph-tests.log" python3 -X faulthandler -m pytest -q -p no:cacheprovider \
-    -m gpu -rfEs tests/test_graph_capture_gpu.py tests/test_vllm_graphs_gpu.py
+    -m gpu -rfEs tests/test_graph_capture_gpu.py tests/test_vllm_graphs_gpu.py tests/test_convert.py
   e8_reference 150
   e8_offline ternary_w2a8 230 0 150
   e8_summary
@@ -375,21 +381,25 @@ e8_reference() {  # RESERVE: transformers over the ternary checkpoint (dequantiz
 
 e8_serve() {  # VARIANT MODEL_DIR CAP RESERVE MIN [bench_serve args...]: Ray Serve, configs/tp1-8b.yaml
   local v=$1 model=$2 cap=$3 reserve=$4 min=$5; shift 5
-  # a cluster left by a step that was cut off would hold port 8000 (this machine runs nothing else);
-  # the brackets keep pkill from matching this shell's own command line
-  pkill -9 -f "[g]cs_server|[r]aylet|[r]ay::|[r]ay[.]scripts|[E]ngineCore|[R]ayWorkerProc" 2>/dev/null; sleep 2
+  e8_clean
   local left=$(( E8_T0 + E2E8B_BUDGET - reserve - $(date +%s) ))
   # /health is waited for at most this long: the rest of the step is the levels (3 x 10 s and a
   # warm-up) and the cluster's stop, so that bench_serve ends itself and writes what it measured
   local health=$(( (cap < left ? cap : left) - 70 ))
   [ "$health" -lt 60 ] && health=60
-  RAY_TMP=/tmp/ray-e2e8b e8_step "serve_$v" "$cap" "$reserve" "$min" "$LOGS/e2e8b-serve-$v.log" \
-    python3 benchmarks/bench_serve.py --config configs/tp1-8b.yaml --model "$v=$model" --replicas 1 \
-    --concurrency 1 16 64 --words 16 32 32 --distinct --requests 5000 --max-seconds 10 \
-    --health-timeout "$health" --out "$OUT" --name "e2e8b-serve-$v" "$@"
+  e8_step "serve_$v" "$cap" "$reserve" "$min" "$LOGS/e2e8b-serve-$v.log" \
+    env RAY_TMP=/tmp/ray-e2e8b python3 benchmarks/bench_serve.py --config "$E2E8B_SERVE_CONFIG" --model "$v=$model" \
+    --replicas 1 --concurrency 1 16 64 --words 16 32 32 --distinct --requests 5000 --max-seconds 10 \
+    --health-timeout "$health" --out "$OUT" --name "e2e8b-serve-$v" $E2E8B_SERVE_ARGS "$@"
   mv "$OUT/e2e8b-serve-$v.md" "$LOGS/" 2>/dev/null; cp /tmp/e2e8b-serve-"$v"-*.log "$LOGS"/ 2>/dev/null
-  pkill -9 -f "[g]cs_server|[r]aylet|[r]ay::|[r]ay[.]scripts|[E]ngineCore|[R]ayWorkerProc" 2>/dev/null
+  e8_clean
   return 0
+}
+
+e8_clean() {  # leftovers of a Serve step that was cut off would hold port 8000 and the GPU; the
+  # brackets keep pkill from matching this shell's own command line
+  [ "$E2E8B_CLEAN" = 1 ] || return 0
+  pkill -9 -f "[g]cs_server|[r]aylet|[r]ay::|[r]ay[.]scripts|[E]ngineCore|[R]ayWorkerProc" 2>/dev/null; sleep 2
 }
 
 stage_e2e8b_serve() {
