@@ -66,6 +66,9 @@ def engines(model, tmp_path_factory) -> dict:
     out = tmp_path_factory.mktemp("engines") / "engines.json"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
            "VLLM_PLUGINS": "ternary"}
+    # Humming's heuristics take another path under pytest (humming/tune reads PYTEST_CURRENT_TEST):
+    # the engines run as a user's would
+    env.pop("PYTEST_CURRENT_TEST", None)
     proc = subprocess.run([sys.executable, "-m", "tests.support.vllm_graphs_driver", str(model), str(out), ",".join(configs)],
                           cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=600, check=False)
