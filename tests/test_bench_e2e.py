@@ -74,3 +74,50 @@ def test_other_offline_runs_show_the_run_to_run_spread(tmp_path):
     assert "| headline | 8.0 | 7.0 | 0.875 | 2.00 - 2.00 |" in md
     assert "| run2 | 10.0 | 8.0 | 0.8 | 1.00 - 1.00 |" in md
     assert "lonely" not in md
+
+
+def _offline_8b(variant: str, c1: float, c16: float, c64: float, tok_512: float, weight: int, linear: int, emb) -> dict:
+    return {"variant": variant, "mode": "offline", "engine_args": {"dtype": "bfloat16"},
+            "memory": {"model_weight_bytes": weight, "linear_weight_bytes": linear}, "kv_cache_tokens": 1000,
+            "latency_c1_ms": {"p50": c1}, "throughput": {"c16": {"queries_per_s": c16}, "c64": {"queries_per_s": c64}},
+            "long": {"b64": {"tokens_per_s": tok_512}}, "embeddings": emb}
+
+
+def test_8b_parts_merge_into_rows_per_variant_and_mode_and_the_targets(tmp_path):
+    """report-8b: offline and Serve parts of the three variants -> one row per (variant, mode), the
+    issue's per-variant keys, the Serve overhead (Serve c1 - engine c1), cosines, what was not run."""
+    from benchmarks.bench_e2e import collect_8b, markdown_8b
+
+    parts = {
+        "e2e8b-offline-bf16.json": _offline_8b("bf16", 20.0, 400.0, 800.0, 1e5, 16 * 2**30, 14 * 2**30, [[1.0, 0.0], [0.0, 1.0]]),
+        "e2e8b-offline-ternary.json": _offline_8b("ternary", 10.0, 600.0, 900.0, 1.1e5, 3 * 2**30, 2**30, [[1.0, 1.0], [0.0, 1.0]]),
+        "e2e8b-offline-ternary_w2a8.json": _offline_8b("ternary_w2a8", 8.0, 700.0, 1000.0, 1.4e5, 3 * 2**30, 2**30,
+                                                       [[1.0, 1.0], [0.0, 1.0]]),
+        "e2e8b-reference.json": {"embeddings": [[1.0, 1.0], [0.0, 1.0]]},
+        "e2e8b-serve-ternary.json": {"command": "bench_serve ...", "env": {}, "models": {"ternary": {
+            "healthy_after_s": 90.0, "levels": [{"concurrency": c, "latency_p50_ms": ms, "embeddings_per_s": q, "errors": {}}
+                                                for c, ms, q in ((1, 14.0, 70.0), (16, 40.0, 390.0), (64, 90.0, 700.0))]}}},
+        "e2e8b-steps-e2e8b_serve.json": {"steps": [{"stage": "e2e8b_serve", "step": "serve_bf16", "status": "timeout",
+                                                    "seconds": 240, "limit_s": 240}]},
+        "env-e2e8b_serve.json": {"stage": "e2e8b_serve", "gpu": "NVIDIA H200", "versions": {"vllm": "0.25.1"}},
+    }
+    for name, body in parts.items():
+        (tmp_path / name).write_text(json.dumps(body))
+    r = collect_8b(tmp_path)
+    rows = {(row["variant"], row["mode"]): row for row in r["rows"]}
+    assert sorted(rows) == [("bf16", "offline"), ("ternary", "offline"), ("ternary", "serve"), ("ternary_w2a8", "offline")]
+    assert rows[("ternary", "serve")]["serve_overhead_ms"] == 4.0
+    assert rows[("ternary", "offline")]["weight_gib"] == 3.0
+    assert rows[("ternary", "offline")]["cosine_vs_bf16"] == [0.707107, 1.0]
+    assert rows[("ternary", "offline")]["cosine_vs_reference"] == [1.0, 1.0]
+    assert r["ternary_w2a8"]["cosine_vs_ternary_bf16_activations"] == [1.0, 1.0]
+    assert r["ternary"]["latency_c1_p50_ms"] == 14.0 and r["ternary"]["engine_latency_c1_p50_ms"] == 10.0
+    assert r["bf16"]["throughput_c16_per_s"] is None and r["bf16"]["offline_512tok_tokens_per_s"] == 1e5
+    t = r["targets"]
+    assert t["engine_c1_latency_speedup_ternary (>= 1.5)"] == 2.0
+    assert t["offline_512tok_ratio_w2a8 (>= 1.3)"] == 1.4
+    assert t["linear_weight_bytes_ratio (<= 1/7 = 0.1429)"] == round(1 / 14, 3)
+    assert t["serve_overhead_ms_max (<= 5)"] == 4.0
+    assert "Serve bf16" in r["not_run"] and "serve_bf16: timeout" in r["not_run"]
+    md = markdown_8b(r)
+    assert "| ternary | serve | 14.0 | 390.0 | 700.0 |" in md and "Not run or not complete" in md

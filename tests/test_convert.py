@@ -153,3 +153,60 @@ def test_activation_dtype_option_and_the_validator_report(tiny_bert, tmp_path, c
     assert "\n  W2A8 (int8 activations" in capsys.readouterr().out
     with pytest.raises(ValueError, match=r"activation_dtype 'fp8' is not one of"):
         convert(src=tiny_bert["src"], dst=tmp_path / "bad", activation_dtype="fp8", progress=False)
+
+
+def _checkpoint_tensors(d):
+    with safe_open(str(d / "model.safetensors"), "pt") as f:
+        return {k: f.get_tensor(k) for k in f.keys()}
+
+
+def test_quantize_device_is_where_each_weight_is_quantized(tiny_qwen3, tmp_path, monkeypatch):
+    """convert(device=...) runs format.quantize_ternary on that device and writes CPU tensors; on
+    the CPU the checkpoint is byte-identical to the default's (the same functions, the same order)."""
+    import ternary_plugin.convert as conv
+
+    seen = []
+    real = conv.fmt.quantize_ternary
+
+    def recording(w, block_size):
+        seen.append(w.device.type)
+        return real(w, block_size)
+
+    monkeypatch.setattr(conv.fmt, "quantize_ternary", recording)
+    report = convert(src=tiny_qwen3["src"], dst=tmp_path / "on-cpu", quality_check=False, progress=False, device="cpu")
+    assert seen == ["cpu"] * len(report.layers) == ["cpu"] * 14
+    got, want = _checkpoint_tensors(tmp_path / "on-cpu"), _checkpoint_tensors(tiny_qwen3["dst"])
+    assert sorted(got) == sorted(want)
+    for name in want:
+        assert got[name].device.type == "cpu" and torch.equal(got[name], want[name]), name
+    ref = json.loads((tiny_qwen3["dst"] / "ternary_conversion_report.json").read_text())["layers"]
+    assert [la.rel_error for la in report.layers] == pytest.approx([la["rel_error"] for la in ref], rel=1e-6)
+
+
+def test_cli_quantize_device_option(tiny_bert, tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "ternary_plugin.cli", "convert", str(tiny_bert["src"]),
+                           str(tmp_path / "t"), "--no-quality-check", "--quantize-device", "cpu"],
+                          capture_output=True, text=True, cwd=REPO)
+    assert proc.returncode == 0, proc.stderr
+    assert torch.equal(_checkpoint_tensors(tmp_path / "t")["encoder.layer.0.output.dense.packed_ternary_weight"],
+                       _checkpoint_tensors(tiny_bert["dst"])["encoder.layer.0.output.dense.packed_ternary_weight"])
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+def test_quantizing_on_the_gpu_agrees_with_the_cpu(tiny_qwen3, tmp_path):
+    """The GPU sums a block's |w| in another order than the CPU: a scale may differ in its last
+    fp16 bit, and a weight whose w / s sits on a rounding tie may then take the other code. Bound:
+    scales within one fp16 ulp (relative 2^-10), codes equal on all but 1e-4 of the weights."""
+    convert(src=tiny_qwen3["src"], dst=tmp_path / "gpu", quality_check=False, progress=False, device="cuda")
+    got, want = _checkpoint_tensors(tmp_path / "gpu"), _checkpoint_tensors(tiny_qwen3["dst"])
+    assert sorted(got) == sorted(want)
+    for name, w in want.items():
+        g = got[name]
+        assert g.device.type == "cpu" and g.dtype == w.dtype and g.shape == w.shape, name
+        if name.endswith(fmt.SCALE_SUFFIX):
+            assert float(((g.float() - w.float()).abs() / w.float()).max()) <= 2 ** -10, name
+        elif name.endswith(fmt.PACKED_WEIGHT_SUFFIX):
+            assert float((g != w).float().mean()) <= 1e-4, name
+        else:
+            assert torch.equal(g, w), name
