@@ -1,0 +1,272 @@
+// The W2A8 CPU kernel's AVX512-VNNI code (torch.ops.ternary_serve.gemm_w2a8; the op, its checks
+// and threads: ternary_cpu.cpp; the numerics: ternary_plugin/activations.py). Per-function target
+// attributes, as ternary_cpu_kernels.cpp: the library loads on any x86-64 and ternary_cpu.cpp
+// calls in here only where cpu_w2a8_supported() says so.
+//
+// vpdpbusd multiplies u8 by s8. The codes are decoded as u = w + 1 in {0, 1, 2} (u8) and xq is
+// the s8 side, so per block  d = dot(w, xq) = dot(u, xq) - sum(xq):  the correction is one int32
+// per (token, segment), computed once when x is quantized (negsum), and enters the int32
+// accumulator as its lane 0 start value. Every block dot is exact in int32, as the mode owes;
+// the only float work is one fp32 product and sum per (16 lanes, segment), as the reference
+// weighs a block (bitnet.cpp's I2_S does the same with a per-row weight sum, which needs the
+// weights' sums precomputed; the per-token sum of x needs nothing stored with the model).
+//
+// Decoding a chunk (64 weights = 16 packed bytes, byte j holding weights 4j .. 4j+3, the first
+// in the lowest bits): the 16 bytes broadcast to the four 128-bit lanes, lane q shifted right by
+// 2q (vpsrlvw), masked to 2 bits, and vpshufb's table {1, 2, 0, 1} maps code -> u (the reserved
+// 11 reads as 0, as format.unpack_ternary reads it): 4 instructions per 64 weights. Byte 16q + j
+// then holds weight 4j + q, so x is stored in that order too (vpermb once per chunk of x, when
+// it is quantized); a dot product does not care about the order of its terms.
+//
+//   x [M, K] --quantize--> xe [M, E, 64] s8 (entries: a chunk as one segment sees it, zero
+//                          outside the segment), negsum [M, S] = -sum_segment xq
+//
+//   small M (w8_rows_decode): 4 W rows a task, codes decoded in registers per group of 2 x rows
+//   large M (w8_rows_tile):   W rows decoded once into tile [rows, E, 64] u8 (<= L2), then
+//                             every group of 3 x rows runs over 4 tile rows at a time:
+//
+//     for segment s:   acc[4 rows][MT tokens] (int32 zmm) = (negsum[m, s], 0, ..., 0)
+//       for entry e in s:   acc[r][i] += vpdpbusd(u[r, e], xe[m_i, e])
+//       sum[r][i] += float(acc[r][i]) * ws[r, s]                                    (fp32)
+//     y[m, n] = sx[m] * lane_sum(sum[r][i]) + bias[n]
+//
+// The int32 lanes never overflow: a lane holds <= 4 * 2 * 127 per chunk plus |negsum| <= 127 *
+// block_size, < 2^24 for block sizes to 64K, so its conversion to fp32 is exact too.
+
+#include "ternary_cpu.h"
+
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+#ifdef TERNARY_CPU_KERNELS
+#include <immintrin.h>
+// gcc 12's AVX-512 headers: see ternary_cpu_kernels.cpp.
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#define TERNARY_VNNI __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vbmi,avx512vnni,fma,f16c")))
+#endif
+
+namespace ternary_cpu {
+
+W8Plan make_w8_plan(int64_t K, int64_t block_size, int64_t k_offset) {
+  W8Plan p;
+  p.chunks = (K + kW8Chunk - 1) / kW8Chunk;
+  int64_t j = 0;
+  while (j < K) {
+    const int64_t block = (k_offset + j) / block_size;
+    const int64_t j1 = std::min(K, (block + 1) * block_size - k_offset);
+    const int64_t e0 = static_cast<int64_t>(p.entry_chunk.size());
+    for (int64_t c = j / kW8Chunk; c <= (j1 - 1) / kW8Chunk; ++c) p.entry_chunk.push_back(c);
+    p.segments.push_back({block, e0, static_cast<int64_t>(p.entry_chunk.size()), j, j1});
+    j = j1;
+  }
+  return p;
+}
+
+int64_t w8_tile_rows(const W8Plan& plan, int64_t bytes) {
+  const int64_t row = static_cast<int64_t>(plan.entry_chunk.size()) * kW8Chunk;
+  return std::max<int64_t>(4, bytes / std::max<int64_t>(row, 1) / 4 * 4);
+}
+
+#ifdef TERNARY_CPU_KERNELS
+
+bool cpu_w2a8_supported() {
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
+         __builtin_cpu_supports("avx512vbmi") && __builtin_cpu_supports("avx512vnni") &&
+         __builtin_cpu_supports("f16c") && __builtin_cpu_supports("fma");
+}
+
+namespace {
+
+constexpr int kW8Rows = 4;  // W rows of a register block
+
+TERNARY_VNNI inline float half_to_float(uint16_t h) { return _cvtsh_ss(h); }
+
+// The decoder's constants: vpsrlvw counts (2q in 128-bit lane q), the 2-bit mask, code -> u.
+struct Decoder {
+  __m512i shifts, three, lut;
+};
+TERNARY_VNNI inline Decoder decoder() {
+  return {_mm512_set_epi32(0x00060006, 0x00060006, 0x00060006, 0x00060006, 0x00040004, 0x00040004, 0x00040004,
+                           0x00040004, 0x00020002, 0x00020002, 0x00020002, 0x00020002, 0, 0, 0, 0),
+          _mm512_set1_epi8(3),
+          // bytes 0..3 of each 128-bit lane: u of codes 00 (0), 01 (+1), 10 (-1), 11 (reserved: 0)
+          _mm512_set4_epi32(0, 0, 0, 0x01000201)};
+}
+// 64 weights from 16 packed bytes as u = w + 1, byte 16q + j = weight 4j + q.
+TERNARY_VNNI inline __m512i decode_u(const uint8_t* bytes, const Decoder& d) {
+  const __m512i b = _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(bytes)));
+  return _mm512_shuffle_epi8(d.lut, _mm512_and_si512(_mm512_srlv_epi16(b, d.shifts), d.three));
+}
+
+// The W rows of one register block: their codes (packed row or tile row) and fp32 scales [S].
+struct BlockRows {
+  const uint8_t* w[kW8Rows];
+  const float* ws[kW8Rows];
+};
+
+// y[m0 .. m0 + MT) x [n0 .. n0 + valid) of one register block (module header).
+//   DECODE: rows.w[r] a packed row (16 bytes a chunk), else a tile row [E, 64] u8.
+template <int MT, bool DECODE>
+TERNARY_VNNI void w8_block(const W8Problem& p, const BlockRows& rows, int64_t m0, int64_t n0, int64_t valid,
+                           float* y) {
+  const W8Plan& plan = *p.plan;
+  const Decoder dec = decoder();
+  const int8_t* x[MT];
+  for (int i = 0; i < MT; ++i) x[i] = p.xe + (m0 + i) * p.E * kW8Chunk;
+  __m512 sum[kW8Rows][MT];
+  for (int r = 0; r < kW8Rows; ++r)
+    for (int i = 0; i < MT; ++i) sum[r][i] = _mm512_setzero_ps();
+  for (int64_t s = 0; s < p.S; ++s) {
+    const W8Segment& seg = plan.segments[s];
+    __m512i acc[kW8Rows][MT];
+    for (int i = 0; i < MT; ++i) {
+      const __m512i start = _mm512_maskz_loadu_epi32(1, p.negsum + (m0 + i) * p.S + s);
+      for (int r = 0; r < kW8Rows; ++r) acc[r][i] = start;
+    }
+    const int64_t c0 = plan.entry_chunk[seg.e0];
+    for (int64_t e = seg.e0; e < seg.e1; ++e) {
+      __m512i u[kW8Rows];
+      for (int r = 0; r < kW8Rows; ++r) {
+        if constexpr (DECODE) u[r] = decode_u(rows.w[r] + 16 * (c0 + e - seg.e0), dec);
+        else u[r] = _mm512_load_si512(rows.w[r] + e * kW8Chunk);
+      }
+      for (int i = 0; i < MT; ++i) {
+        const __m512i xv = _mm512_load_si512(x[i] + e * kW8Chunk);
+        for (int r = 0; r < kW8Rows; ++r) acc[r][i] = _mm512_dpbusd_epi32(acc[r][i], u[r], xv);
+      }
+    }
+    for (int r = 0; r < kW8Rows; ++r) {
+      const __m512 ws = _mm512_set1_ps(rows.ws[r][s]);
+      for (int i = 0; i < MT; ++i) sum[r][i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[r][i]), ws, sum[r][i]);
+    }
+  }
+  for (int i = 0; i < MT; ++i) {
+    const float sx = p.sx[m0 + i];
+    for (int r = 0; r < valid; ++r)
+      y[(m0 + i) * p.N + n0 + r] = sx * _mm512_reduce_add_ps(sum[r][i]) + (p.bias ? p.bias[n0 + r] : 0.f);
+  }
+}
+
+// Every x row over one register block, MT at a time (remainders by smaller MT).
+template <int MT, bool DECODE>
+TERNARY_VNNI void w8_all_m(const W8Problem& p, const BlockRows& rows, int64_t n0, int64_t valid, float* y) {
+  int64_t m0 = 0;
+  for (; m0 + MT <= p.M; m0 += MT) w8_block<MT, DECODE>(p, rows, m0, n0, valid, y);
+  if constexpr (MT > 1) {
+    const int64_t left = p.M - m0;
+    if (left == 2 && MT > 2) w8_block<2, DECODE>(p, rows, m0, n0, valid, y);
+    else
+      for (; m0 < p.M; ++m0) w8_block<1, DECODE>(p, rows, m0, n0, valid, y);
+  }
+}
+
+}  // namespace
+
+TERNARY_VNNI float w8_quantize_row(const float* x, int64_t K, int8_t* q) {
+  __m512 amax = _mm512_setzero_ps();
+  for (int64_t k = 0; k < K; k += 16) {
+    const __mmask16 m = K - k >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (K - k)) - 1);
+    amax = _mm512_max_ps(amax, _mm512_abs_ps(_mm512_maskz_loadu_ps(m, x + k)));
+  }
+  // as torch: fp32 absmax / 127 (IEEE division), 1 where that is 0
+  float sx = _mm512_reduce_max_ps(amax) / 127.0f;
+  if (!(sx > 0.f)) sx = 1.f;
+  const __m512 vs = _mm512_set1_ps(sx);
+  const __m512i hi = _mm512_set1_epi32(127), lo = _mm512_set1_epi32(-127);
+  for (int64_t k = 0; k < K; k += 16) {
+    const __mmask16 m = K - k >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (K - k)) - 1);
+    // x / sx by division (a reciprocal's product differs in the last bit, and so would some
+    // rounding ties), rounded half to even like torch.round
+    const __m512 v = _mm512_div_ps(_mm512_maskz_loadu_ps(m, x + k), vs);
+    const __m512i r = _mm512_cvt_roundps_epi32(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    _mm512_mask_cvtepi32_storeu_epi8(q + k, m, _mm512_max_epi32(lo, _mm512_min_epi32(hi, r)));
+  }
+  return sx;
+}
+
+TERNARY_VNNI void w8_entries_row(const W8Plan& plan, const int8_t* q, int8_t* xe_row, int32_t* negsum_row) {
+  alignas(64) static const uint8_t kPerm[64] = {
+      // byte 16q + j takes column 4j + q (the decoder's order)
+      0, 4, 8, 12, 16, 20, 24, 28, 32, 36, 40, 44, 48, 52, 56, 60, 1, 5, 9, 13, 17, 21, 25, 29, 33, 37, 41, 45, 49,
+      53, 57, 61, 2, 6, 10, 14, 18, 22, 26, 30, 34, 38, 42, 46, 50, 54, 58, 62, 3, 7, 11, 15, 19, 23, 27, 31, 35,
+      39, 43, 47, 51, 55, 59, 63};
+  const __m512i perm = _mm512_load_si512(kPerm);
+  for (size_t s = 0; s < plan.segments.size(); ++s) {
+    const W8Segment& seg = plan.segments[s];
+    int32_t total = 0;
+    for (int64_t j = seg.j0; j < seg.j1; ++j) total += q[j];
+    negsum_row[s] = -total;
+    for (int64_t e = seg.e0; e < seg.e1; ++e) {
+      const int64_t base = plan.entry_chunk[e] * kW8Chunk;
+      const int64_t lo = std::max<int64_t>(seg.j0 - base, 0), hi = std::min<int64_t>(seg.j1 - base, kW8Chunk);
+      const __mmask64 lanes = (hi == 64 ? ~0ull : (1ull << hi) - 1) & (~0ull << lo);
+      const __m512i v = _mm512_maskz_loadu_epi8(lanes, q + base);
+      _mm512_store_si512(xe_row + e * kW8Chunk, _mm512_permutexvar_epi8(perm, v));
+    }
+  }
+}
+
+TERNARY_VNNI void w8_rows_decode(const W8Problem& p, int64_t n0, int64_t n1, float* y) {
+  const std::vector<uint8_t> zero_row(16 * p.plan->chunks, 0);
+  std::vector<float> ws(kW8Rows * p.S);
+  for (int64_t b0 = n0; b0 < n1; b0 += kW8Rows) {
+    const int64_t valid = std::min<int64_t>(kW8Rows, n1 - b0);
+    BlockRows rows;
+    for (int r = 0; r < kW8Rows; ++r) {
+      const bool real = r < valid;
+      rows.w[r] = real ? p.row(b0 + r) : zero_row.data();
+      rows.ws[r] = ws.data() + r * p.S;
+      for (int64_t s = 0; s < p.S; ++s)
+        ws[r * p.S + s] = real ? half_to_float(p.scale[(b0 + r) * p.lds + p.plan->segments[s].block]) : 0.f;
+    }
+    // 2 x rows a group: 4 x 2 int32 accumulators and 4 x 2 fp32 sums, the decoded codes and the
+    // decoder's constants fit the 32 zmm; more x rows decode the codes again, once a group
+    w8_all_m<2, true>(p, rows, b0, valid, y);
+  }
+}
+
+TERNARY_VNNI void w8_rows_tile(const W8Problem& p, int64_t n0, int64_t n1, uint8_t* tile, float* ws_tile,
+                               float* y) {
+  const W8Plan& plan = *p.plan;
+  const Decoder dec = decoder();
+  const int64_t rows = n1 - n0, ldt = p.E * kW8Chunk;
+  for (int64_t r = 0; r < (rows + kW8Rows - 1) / kW8Rows * kW8Rows; ++r) {
+    uint8_t* dst = tile + r * ldt;
+    if (r >= rows) {  // the last block's missing rows: scale 0 (their codes are never used)
+      std::memset(dst, 1, ldt);
+      for (int64_t s = 0; s < p.S; ++s) ws_tile[r * p.S + s] = 0.f;
+      continue;
+    }
+    const uint8_t* src = p.row(n0 + r);
+    for (int64_t e = 0; e < p.E; ++e) _mm512_store_si512(dst + e * kW8Chunk, decode_u(src + 16 * plan.entry_chunk[e], dec));
+    for (int64_t s = 0; s < p.S; ++s) ws_tile[r * p.S + s] = half_to_float(p.scale[(n0 + r) * p.lds + plan.segments[s].block]);
+  }
+  // x rows outer, 4 tile rows inner: a group's 3 x rows (3 * E * 64 bytes) stay in L1 while
+  // the tile (L2) streams past them
+  for (int64_t m0 = 0; m0 < p.M; m0 += 3) {
+    const int64_t mt = std::min<int64_t>(3, p.M - m0);
+    for (int64_t b = 0; b < rows; b += kW8Rows) {
+      BlockRows br;
+      for (int r = 0; r < kW8Rows; ++r) {
+        br.w[r] = tile + (b + r) * ldt;
+        br.ws[r] = ws_tile + (b + r) * p.S;
+      }
+      const int64_t valid = std::min<int64_t>(kW8Rows, rows - b);
+      if (mt == 3) w8_block<3, false>(p, br, m0, n0 + b, valid, y);
+      else if (mt == 2) w8_block<2, false>(p, br, m0, n0 + b, valid, y);
+      else w8_block<1, false>(p, br, m0, n0 + b, valid, y);
+    }
+  }
+}
+
+#else  // not x86-64: no kernels (ternary_cpu.h), the op refuses to run
+
+bool cpu_w2a8_supported() { return false; }
+
+#endif
+
+}  // namespace ternary_cpu
