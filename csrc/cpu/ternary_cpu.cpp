@@ -276,9 +276,11 @@ torch::Tensor gemm_w2a8_cpu(const torch::Tensor& x,                   // [M, K] 
 #ifdef TERNARY_CPU_KERNELS
   const torch::Tensor packed = packed_in.contiguous(), scale = scale_in.contiguous();
   const torch::Tensor bias_f = bias ? bias->to(at::kFloat).contiguous() : torch::Tensor();  // [N] fp32
-  const W8Plan plan = make_w8_plan(K, block_size, k_offset);
+  const bool small = M <= w8_small_m_max();
+  // small M: chunks of 64 columns, x permuted as the register decoder's; tile: groups of 4
+  const W8Plan plan = make_w8_plan(K, block_size, k_offset, small ? kW8Chunk : 4);
   const int64_t E = static_cast<int64_t>(plan.entry_chunk.size()), S = static_cast<int64_t>(plan.segments.size());
-  const int64_t ldp = packed.size(1), row_bytes = 16 * plan.chunks;  // what a row's chunks read
+  const int64_t ldp = packed.size(1), row_bytes = 16 * ((K + kW8Chunk - 1) / kW8Chunk);  // what a row's chunks read
   // Rows whose last chunk would read past the tensor, copied zero-padded (the others read into
   // the next row, whose codes meet x's zeros past K)
   const int64_t tail_from = std::clamp<int64_t>(N - (row_bytes + ldp - 1) / ldp + 1, 0, N);
@@ -288,15 +290,15 @@ torch::Tensor gemm_w2a8_cpu(const torch::Tensor& x,                   // [M, K] 
         .copy_(packed.narrow(0, tail_from, N - tail_from).narrow(1, 0, std::min(ldp, row_bytes)));
 
   // x quantized (natural order, zero past K), then by entries
-  const int64_t ldq = kW8Chunk * plan.chunks;
+  const int64_t ldq = 4 * row_bytes;
   const auto q = torch::zeros({M, ldq}, x.options().dtype(at::kChar));  // [M, ldq] int8
   const auto sx = torch::empty({M}, x.options().dtype(at::kFloat));     // [M] fp32
   quantize_rows(x.to(at::kFloat).contiguous(), q.data_ptr<int8_t>(), ldq, sx.data_ptr<float>());
-  const auto xe = torch::empty({M, E * kW8Chunk}, q.options());                // [M, E, 64] int8
+  const auto xe = torch::empty({M, E * plan.width}, q.options());              // [M, E, width] int8
   const auto negsum = torch::empty({M, S}, x.options().dtype(at::kInt));       // [M, S] int32
   at::parallel_for(0, M, 16, [&](int64_t m0, int64_t m1) {
     for (int64_t m = m0; m < m1; ++m)
-      w8_entries_row(plan, q.data_ptr<int8_t>() + m * ldq, xe.data_ptr<int8_t>() + m * E * kW8Chunk,
+      w8_entries_row(plan, q.data_ptr<int8_t>() + m * ldq, xe.data_ptr<int8_t>() + m * E * plan.width,
                      negsum.data_ptr<int32_t>() + m * S);
   });
   const W8Problem p{M,
@@ -305,6 +307,7 @@ torch::Tensor gemm_w2a8_cpu(const torch::Tensor& x,                   // [M, K] 
                     ldp,
                     tail.data_ptr<uint8_t>(),
                     tail_from,
+                    row_bytes,
                     reinterpret_cast<const uint16_t*>(scale.data_ptr<at::Half>()),
                     scale.size(1),
                     &plan,
@@ -317,18 +320,20 @@ torch::Tensor gemm_w2a8_cpu(const torch::Tensor& x,                   // [M, K] 
   const auto yf = dt == at::kFloat ? y : torch::empty({M, N}, x.options().dtype(at::kFloat));  // [M, N] fp32
   float* yp = yf.data_ptr<float>();
   const int64_t threads = at::get_num_threads();
-  if (M <= w8_small_m_max()) {
+  if (small) {
     at::parallel_for(0, (N + 3) / 4, 1, [&](int64_t t0, int64_t t1) { w8_rows_decode(p, 4 * t0, std::min(N, 4 * t1), yp); });
   } else {
     // tiles of <= kW8TileBytes, at least one a thread
-    const int64_t rows = std::min(w8_tile_rows(plan, kW8TileBytes), ((N + threads - 1) / threads + 3) / 4 * 4);
+    // tiles of <= kW8TileBytes in multiples of 32 rows (the register block), >= one a thread
+    const int64_t rows = std::min(w8_tile_rows(K, kW8TileBytes), ((N + threads - 1) / threads + 31) / 32 * 32);
     const int64_t tiles = (N + rows - 1) / rows;
     at::parallel_for(0, tiles, 1, [&](int64_t t0, int64_t t1) {
-      std::vector<float> ws_tile(rows * S);
-      // 64-byte aligned (the tile's rows are E * 64 bytes): torch's CPU allocator aligns to 64
-      const auto tile = torch::empty({rows, E * kW8Chunk}, packed.options());
+      // 64-byte aligned (zmm loads; the tile's rows are multiples of 64 bytes): torch's CPU
+      // allocator aligns to 64
+      const auto tile = torch::empty({rows, 4 * row_bytes}, packed.options());             // [rows/16, .., 16, 4] u8
+      const auto ws_tile = torch::empty({rows / 16, S, 16}, x.options().dtype(at::kFloat));  // fp32 scales
       for (int64_t t = t0; t < t1; ++t)
-        w8_rows_tile(p, t * rows, std::min(N, (t + 1) * rows), tile.data_ptr<uint8_t>(), ws_tile.data(), yp);
+        w8_rows_tile(p, t * rows, std::min(N, (t + 1) * rows), tile.data_ptr<uint8_t>(), ws_tile.data_ptr<float>(), yp);
     });
   }
   if (dt != at::kFloat) y.copy_(yf);

@@ -49,24 +49,25 @@
 
 namespace ternary_cpu {
 
-W8Plan make_w8_plan(int64_t K, int64_t block_size, int64_t k_offset) {
+W8Plan make_w8_plan(int64_t K, int64_t block_size, int64_t k_offset, int64_t width) {
   W8Plan p;
-  p.chunks = (K + kW8Chunk - 1) / kW8Chunk;
+  p.width = width;
+  p.chunks = (K + width - 1) / width;
   int64_t j = 0;
   while (j < K) {
     const int64_t block = (k_offset + j) / block_size;
     const int64_t j1 = std::min(K, (block + 1) * block_size - k_offset);
     const int64_t e0 = static_cast<int64_t>(p.entry_chunk.size());
-    for (int64_t c = j / kW8Chunk; c <= (j1 - 1) / kW8Chunk; ++c) p.entry_chunk.push_back(c);
+    for (int64_t c = j / width; c <= (j1 - 1) / width; ++c) p.entry_chunk.push_back(c);
     p.segments.push_back({block, e0, static_cast<int64_t>(p.entry_chunk.size()), j, j1});
     j = j1;
   }
   return p;
 }
 
-int64_t w8_tile_rows(const W8Plan& plan, int64_t bytes) {
-  const int64_t row = static_cast<int64_t>(plan.entry_chunk.size()) * kW8Chunk;
-  return std::max<int64_t>(4, bytes / std::max<int64_t>(row, 1) / 4 * 4);
+int64_t w8_tile_rows(int64_t K, int64_t bytes) {
+  const int64_t row = (K + kW8Chunk - 1) / kW8Chunk * kW8Chunk;  // a tile row's u8 bytes
+  return std::max<int64_t>(32, bytes / row / 32 * 32);
 }
 
 #ifdef TERNARY_CPU_KERNELS
@@ -201,17 +202,20 @@ TERNARY_VNNI void w8_entries_row(const W8Plan& plan, const int8_t* q, int8_t* xe
     for (int64_t j = seg.j0; j < seg.j1; ++j) total += q[j];
     negsum_row[s] = -total;
     for (int64_t e = seg.e0; e < seg.e1; ++e) {
-      const int64_t base = plan.entry_chunk[e] * kW8Chunk;
-      const int64_t lo = std::max<int64_t>(seg.j0 - base, 0), hi = std::min<int64_t>(seg.j1 - base, kW8Chunk);
+      const int64_t base = plan.entry_chunk[e] * plan.width;
+      const int64_t lo = std::max<int64_t>(seg.j0 - base, 0), hi = std::min<int64_t>(seg.j1 - base, plan.width);
       const __mmask64 lanes = (hi == 64 ? ~0ull : (1ull << hi) - 1) & (~0ull << lo);
-      const __m512i v = _mm512_maskz_loadu_epi8(lanes, q + base);
-      _mm512_store_si512(xe_row + e * kW8Chunk, _mm512_permutexvar_epi8(perm, v));
+      if (plan.width == kW8Chunk) {
+        _mm512_store_si512(xe_row + e * kW8Chunk, _mm512_permutexvar_epi8(perm, _mm512_maskz_loadu_epi8(lanes, q + base)));
+      } else {  // width 4: the tile kernel broadcasts these 4 bytes, in column order
+        for (int64_t t = 0; t < 4; ++t) xe_row[e * 4 + t] = (lanes >> t) & 1 ? q[base + t] : 0;
+      }
     }
   }
 }
 
 TERNARY_VNNI void w8_rows_decode(const W8Problem& p, int64_t n0, int64_t n1, float* y) {
-  const std::vector<uint8_t> zero_row(16 * p.plan->chunks, 0);
+  const std::vector<uint8_t> zero_row(p.row_bytes, 0);
   std::vector<float> ws(kW8Rows * p.S);
   for (int64_t b0 = n0; b0 < n1; b0 += kW8Rows) {
     const int64_t valid = std::min<int64_t>(kW8Rows, n1 - b0);
@@ -229,37 +233,139 @@ TERNARY_VNNI void w8_rows_decode(const W8Problem& p, int64_t n0, int64_t n1, flo
   }
 }
 
+namespace {
+
+// One register block of the tile kernel: 16 NV W rows (lanes) x MT x rows, over all of K.
+//   tile: [NV][G4, 16, 4] u8 at stride ldg (a 16-row group's bytes); ws: [NV][S, 16] fp32;
+//   x4: [M, E] int32 (4 xq bytes an entry)
+template <int NV, int MT>
+TERNARY_VNNI void w8_tile_block(const W8Problem& p, const uint8_t* tile, int64_t ldg, const float* ws, int64_t m0,
+                                int64_t n0, int64_t valid, float* y) {
+  const W8Plan& plan = *p.plan;
+  const int32_t* x4 = reinterpret_cast<const int32_t*>(p.xe);
+  __m512 sum[NV][MT];
+  for (int v = 0; v < NV; ++v)
+    for (int i = 0; i < MT; ++i) sum[v][i] = _mm512_setzero_ps();
+  for (int64_t s = 0; s < p.S; ++s) {
+    const W8Segment& seg = plan.segments[s];
+    __m512i acc[NV][MT];
+    for (int i = 0; i < MT; ++i) {
+      const __m512i start = _mm512_set1_epi32(p.negsum[(m0 + i) * p.S + s]);
+      for (int v = 0; v < NV; ++v) acc[v][i] = start;
+    }
+    const uint8_t* w = tile + (plan.entry_chunk[seg.e0] - seg.e0) * 64;  // entry e's group at w + 64 e
+    for (int64_t e = seg.e0; e < seg.e1; ++e) {
+      __m512i u[NV];
+      for (int v = 0; v < NV; ++v) u[v] = _mm512_load_si512(w + v * ldg + e * 64);
+      for (int i = 0; i < MT; ++i) {
+        const __m512i xb = _mm512_set1_epi32(x4[(m0 + i) * p.E + e]);
+        for (int v = 0; v < NV; ++v) acc[v][i] = _mm512_dpbusd_epi32(acc[v][i], u[v], xb);
+      }
+    }
+    for (int v = 0; v < NV; ++v) {
+      const __m512 wsv = _mm512_load_ps(ws + (v * p.S + s) * 16);
+      for (int i = 0; i < MT; ++i) sum[v][i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[v][i]), wsv, sum[v][i]);
+    }
+  }
+  for (int v = 0; v < NV; ++v) {
+    const int64_t lanes = std::clamp<int64_t>(valid - 16 * v, 0, 16);
+    if (lanes == 0) break;
+    const __mmask16 mask = static_cast<__mmask16>((1u << lanes) - 1);
+    const __m512 bias = p.bias ? _mm512_maskz_loadu_ps(mask, p.bias + n0 + 16 * v) : _mm512_setzero_ps();
+    for (int i = 0; i < MT; ++i)
+      _mm512_mask_storeu_ps(y + (m0 + i) * p.N + n0 + 16 * v, mask,
+                            _mm512_fmadd_ps(sum[v][i], _mm512_set1_ps(p.sx[m0 + i]), bias));
+  }
+}
+
+template <int NV>
+TERNARY_VNNI void w8_tile_all_m(const W8Problem& p, const uint8_t* tile, int64_t ldg, const float* ws, int64_t n0,
+                                int64_t valid, float* y) {
+  int64_t m0 = 0;
+  // 2 x 16 W rows and 6 x rows: 12 int32 accumulators, 12 fp32 sums, 2 weight vectors and an x
+  // broadcast in the 32 zmm; 12 vpdpbusd for 2 weight loads and 6 broadcasts
+  for (; m0 + 6 <= p.M; m0 += 6) w8_tile_block<NV, 6>(p, tile, ldg, ws, m0, n0, valid, y);
+  switch (p.M - m0) {
+    case 5: w8_tile_block<NV, 5>(p, tile, ldg, ws, m0, n0, valid, y); break;
+    case 4: w8_tile_block<NV, 4>(p, tile, ldg, ws, m0, n0, valid, y); break;
+    case 3: w8_tile_block<NV, 3>(p, tile, ldg, ws, m0, n0, valid, y); break;
+    case 2: w8_tile_block<NV, 2>(p, tile, ldg, ws, m0, n0, valid, y); break;
+    case 1: w8_tile_block<NV, 1>(p, tile, ldg, ws, m0, n0, valid, y); break;
+    default: break;
+  }
+}
+
+// 16 W rows (their 16 packed bytes from byte 16c each: rows[r]) to 16 groups of 4 columns,
+// group g = [16 rows, 4 u8] (64 bytes at out + 64 g): a 16 x 16 byte transpose (vpermt2b on four
+// rows a zmm), then each packed byte spread over its row's dword (vpermb), its codes to the
+// dword's bytes (vpmultishiftqb), code -> u (vpshufb).
+TERNARY_VNNI void decode_group16(const uint8_t* const* rows, int64_t c, uint8_t* out, const Decoder& d) {
+  __m512i a[4];  // a[k]: rows 4k .. 4k + 3, 16 bytes each
+  for (int k = 0; k < 4; ++k) {
+    __m512i v = _mm512_castsi128_si512(_mm_loadu_si128(reinterpret_cast<const __m128i*>(rows[4 * k] + 16 * c)));
+    for (int r = 1; r < 4; ++r)
+      v = _mm512_inserti32x4(v, _mm_loadu_si128(reinterpret_cast<const __m128i*>(rows[4 * k + r] + 16 * c)), r);
+    a[k] = v;
+  }
+  alignas(64) static const uint8_t kT[64] = {
+      // byte 16 jj + r: row r's byte jj of the 4 (column group 4p + jj), r mod 8 of a source pair
+      0,  16, 32, 48, 64, 80, 96, 112, 0,  16, 32, 48, 64, 80, 96, 112, 1,  17, 33, 49, 65, 81,
+      97, 113, 1, 17, 33, 49, 65, 81, 97, 113, 2,  18, 34, 50, 66, 82, 98, 114, 2,  18, 34, 50,
+      66, 82, 98, 114, 3,  19, 35, 51, 67, 83, 99, 115, 3,  19, 35, 51, 67, 83, 99, 115};
+  alignas(64) static const uint8_t kSpread[4][64] = {
+#define TERNARY_SPREAD(jj)                                                                              \
+  {16 * jj + 0,  16 * jj + 0,  16 * jj + 0,  16 * jj + 0,  16 * jj + 1,  16 * jj + 1,  16 * jj + 1,  16 * jj + 1,  \
+   16 * jj + 2,  16 * jj + 2,  16 * jj + 2,  16 * jj + 2,  16 * jj + 3,  16 * jj + 3,  16 * jj + 3,  16 * jj + 3,  \
+   16 * jj + 4,  16 * jj + 4,  16 * jj + 4,  16 * jj + 4,  16 * jj + 5,  16 * jj + 5,  16 * jj + 5,  16 * jj + 5,  \
+   16 * jj + 6,  16 * jj + 6,  16 * jj + 6,  16 * jj + 6,  16 * jj + 7,  16 * jj + 7,  16 * jj + 7,  16 * jj + 7,  \
+   16 * jj + 8,  16 * jj + 8,  16 * jj + 8,  16 * jj + 8,  16 * jj + 9,  16 * jj + 9,  16 * jj + 9,  16 * jj + 9,  \
+   16 * jj + 10, 16 * jj + 10, 16 * jj + 10, 16 * jj + 10, 16 * jj + 11, 16 * jj + 11, 16 * jj + 11, 16 * jj + 11, \
+   16 * jj + 12, 16 * jj + 12, 16 * jj + 12, 16 * jj + 12, 16 * jj + 13, 16 * jj + 13, 16 * jj + 13, 16 * jj + 13, \
+   16 * jj + 14, 16 * jj + 14, 16 * jj + 14, 16 * jj + 14, 16 * jj + 15, 16 * jj + 15, 16 * jj + 15, 16 * jj + 15}
+      TERNARY_SPREAD(0), TERNARY_SPREAD(1), TERNARY_SPREAD(2), TERNARY_SPREAD(3)};
+#undef TERNARY_SPREAD
+  // byte t of a dword: its packed byte's bits [2t, 2t + 2) (the dword's copies at bytes 0..3 /
+  // 4..7 of the qword: bit offsets 8b + 2t)
+  const __m512i shift = _mm512_set1_epi64(0x3E342A201E140A00ll);  // bytes 0, 10, 20, 30, 32, 42, 52, 62
+  const __m512i t0 = _mm512_load_si512(kT);
+  const __mmask64 high_rows = 0xFF00FF00FF00FF00ull;  // r >= 8: from rows 8..15 (a[2], a[3])
+  for (int pq = 0; pq < 4; ++pq) {
+    const __m512i idx = _mm512_add_epi8(t0, _mm512_set1_epi8(static_cast<char>(4 * pq)));
+    const __m512i z = _mm512_mask_blend_epi8(high_rows, _mm512_permutex2var_epi8(a[0], idx, a[1]),
+                                             _mm512_permutex2var_epi8(a[2], idx, a[3]));
+    for (int jj = 0; jj < 4; ++jj) {
+      const __m512i spread = _mm512_permutexvar_epi8(_mm512_load_si512(kSpread[jj]), z);
+      const __m512i codes = _mm512_and_si512(_mm512_multishift_epi64_epi8(shift, spread), d.three);
+      _mm512_store_si512(out + 64 * (4 * pq + jj), _mm512_shuffle_epi8(d.lut, codes));
+    }
+  }
+}
+
+}  // namespace
+
 TERNARY_VNNI void w8_rows_tile(const W8Problem& p, int64_t n0, int64_t n1, uint8_t* tile, float* ws_tile,
                                float* y) {
   const W8Plan& plan = *p.plan;
   const Decoder dec = decoder();
-  const int64_t rows = n1 - n0, ldt = p.E * kW8Chunk;
-  for (int64_t r = 0; r < (rows + kW8Rows - 1) / kW8Rows * kW8Rows; ++r) {
-    uint8_t* dst = tile + r * ldt;
-    if (r >= rows) {  // the last block's missing rows: scale 0 (their codes are never used)
-      std::memset(dst, 1, ldt);
-      for (int64_t s = 0; s < p.S; ++s) ws_tile[r * p.S + s] = 0.f;
-      continue;
-    }
-    const uint8_t* src = p.row(n0 + r);
-    for (int64_t e = 0; e < p.E; ++e) _mm512_store_si512(dst + e * kW8Chunk, decode_u(src + 16 * plan.entry_chunk[e], dec));
-    for (int64_t s = 0; s < p.S; ++s) ws_tile[r * p.S + s] = half_to_float(p.scale[(n0 + r) * p.lds + plan.segments[s].block]);
+  const int64_t rows = n1 - n0, groups = (rows + 15) / 16;
+  const int64_t c64 = p.row_bytes / 16, ldg = c64 * 16 * 64;  // chunks of 64 columns; a group's bytes
+  const std::vector<uint8_t> zero_row(p.row_bytes, 0);
+  for (int64_t g = 0; g < groups; ++g) {
+    const uint8_t* src[16];
+    for (int r = 0; r < 16; ++r) src[r] = 16 * g + r < rows ? p.row(n0 + 16 * g + r) : zero_row.data();
+    for (int64_t c = 0; c < c64; ++c) decode_group16(src, c, tile + g * ldg + c * 16 * 64, dec);
+    // missing rows of the last group: scale 0
+    for (int64_t s = 0; s < p.S; ++s)
+      for (int r = 0; r < 16; ++r)
+        ws_tile[(g * p.S + s) * 16 + r] =
+            16 * g + r < rows ? half_to_float(p.scale[(n0 + 16 * g + r) * p.lds + plan.segments[s].block]) : 0.f;
   }
-  // x rows outer, 4 tile rows inner: a group's 3 x rows (3 * E * 64 bytes) stay in L1 while
-  // the tile (L2) streams past them
-  for (int64_t m0 = 0; m0 < p.M; m0 += 3) {
-    const int64_t mt = std::min<int64_t>(3, p.M - m0);
-    for (int64_t b = 0; b < rows; b += kW8Rows) {
-      BlockRows br;
-      for (int r = 0; r < kW8Rows; ++r) {
-        br.w[r] = tile + (b + r) * ldt;
-        br.ws[r] = ws_tile + (b + r) * p.S;
-      }
-      const int64_t valid = std::min<int64_t>(kW8Rows, rows - b);
-      if (mt == 3) w8_block<3, false>(p, br, m0, n0 + b, valid, y);
-      else if (mt == 2) w8_block<2, false>(p, br, m0, n0 + b, valid, y);
-      else w8_block<1, false>(p, br, m0, n0 + b, valid, y);
-    }
+  // 2 groups (32 W rows) a register block, x rows inside: a block's x rows (6 K bytes) stay in
+  // L1 while its 2 groups of the tile (32 K bytes) come from L2
+  for (int64_t g = 0; g < groups; g += 2) {
+    const int64_t valid = std::min<int64_t>(32, rows - 16 * g);
+    if (g + 1 < groups) w8_tile_all_m<2>(p, tile + g * ldg, ldg, ws_tile + g * p.S * 16, n0 + 16 * g, valid, y);
+    else w8_tile_all_m<1>(p, tile + g * ldg, ldg, ws_tile + g * p.S * 16, n0 + 16 * g, valid, y);
   }
 }
 
