@@ -23,7 +23,8 @@ float activations (benchmarks/results/w2a8-granularity.md, benchmarks/w2a8_granu
 At tp > 1 a row-parallel layer's rank quantizes its own slice of K with its own scale.
 
 ``reference_linear_w2a8`` is the reference every kernel for the mode is held against;
-``ternary_linear_w2a8`` is the one function the layer calls (the reference op today).
+``ternary_linear_w2a8`` is the one function the layer calls (on CPU the AVX512-VNNI kernel
+``torch.ops.ternary_serve.gemm_w2a8``, csrc/cpu/ternary_cpu_w2a8.cpp, where this CPU runs it).
 """
 
 from __future__ import annotations
@@ -164,7 +165,13 @@ def ternary_linear_w2a8(
     k_offset: int = 0,
     token_block: bool = False,
 ) -> torch.Tensor:  # [M, N] in x.dtype
-    """The layer's one call in the W2A8 mode: the reference op until kernels implement it."""
+    """The layer's one call in the W2A8 mode: the CPU kernel for CPU tensors where it runs here
+    (per-token scales), else the reference op (on CUDA: its CUDA implementation above)."""
+    if x.device.type == "cpu":
+        from .ops import _cpu_w2a8_kernel
+
+        if _cpu_w2a8_kernel(x, token_block):
+            return torch.ops.ternary_serve.gemm_w2a8(x, packed, scale, bias, block_size, k_offset)
     return torch.ops.ternary_ref.linear_w2a8(x, packed, scale, bias, block_size, k_offset, token_block)
 
 

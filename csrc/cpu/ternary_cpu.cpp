@@ -198,7 +198,8 @@ std::string w2a8_isa() {
 // Largest M of the W2A8 small-M regime (codes decoded in registers, once per 2 x rows); past
 // it the tile regime (decoded once into a u8 tile, every x row run over it). Measured on the
 // 2-core AMD EPYC (Zen 4, shared, 1 thread; see docs/kernel.md "W2A8 on CPU"), Qwen3-0.6B
-// gate_up / down and MiniLM up: the tile regime wins from M 3.
+// gate_up / down and MiniLM up, ms, decode / tile: M 1 0.32 / 0.39, 0.16 / 0.18, 0.05 / 0.03; M 2
+// 0.28 / 0.37, 0.15 / 0.15, 0.06 / 0.03; M 3 0.49 / 0.30, 0.29 / 0.21, 0.08 / 0.04 (noisy).
 // TERNARY_CPU_W2A8_SMALL_M_MAX (read once per process) overrides it.
 constexpr int64_t kW8SmallMMax = 2;
 // The u8 tile a thread decodes: about a quarter of Zen 4's 1 MB L2, leaving room for x's rows.
