@@ -147,8 +147,11 @@ def _cpu_w2a8_kernel(x: torch.Tensor, token_block: bool = False) -> bool:
     """Whether the W2A8 mode's call on ``x`` (a CPU tensor) runs the CPU kernel; where it cannot,
     one log line per process says why and the caller takes the reference op. The kernel
     quantizes per token only: per-(token, block) scales take the reference."""
+    calls = _state.setdefault("cpu_w2a8_calls", {"kernel": 0, "reference": 0})
     if not token_block and cpu_w2a8_isa() is not None and x.dtype in (torch.float32, torch.bfloat16, torch.float16):
+        calls["kernel"] += 1
         return True
+    calls["reference"] += 1
     if not _state.get("warned_cpu_w2a8"):
         _state["warned_cpu_w2a8"] = True
         why = "activation_scales token_block: the kernel has per-token scales only" if token_block else None
@@ -158,6 +161,12 @@ def _cpu_w2a8_kernel(x: torch.Tensor, token_block: bool = False) -> bool:
             why or _state["cpu_w2a8_why"] or f"x is {x.dtype}",
         )
     return False
+
+
+def cpu_w2a8_calls() -> dict[str, int]:
+    """How often this process's W2A8 calls on CPU took the kernel and the reference (for the
+    engine's report: under torch.compile the count is of traced calls, each a graph's op)."""
+    return dict(_state.get("cpu_w2a8_calls", {"kernel": 0, "reference": 0}))  # type: ignore[arg-type]
 
 
 def _warn_fallback_once(device: str, why: str) -> None:

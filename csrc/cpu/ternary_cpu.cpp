@@ -28,6 +28,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdlib>
+#include <limits>
 #include <string>
 
 #include "../ternary_check.h"
@@ -205,6 +206,13 @@ constexpr int64_t kW8SmallMMax = 2;
 // The u8 tile a thread decodes: about a quarter of Zen 4's 1 MB L2, leaving room for x's rows.
 constexpr int64_t kW8TileBytes = 256 * 1024;
 
+// TERNARY_CPU_POISON=1 (read once per process): the output buffers the kernel fills start as
+// NaN, so a test sees any element it fails to write (tests/test_kernel_cpu_w2a8.py).
+bool poison_outputs() {
+  static const bool on = env_int("TERNARY_CPU_POISON", 0) != 0;
+  return on;
+}
+
 int64_t w8_small_m_max() {
   static const int64_t forced = env_int("TERNARY_CPU_W2A8_SMALL_M_MAX", -1);
   return forced >= 0 ? forced : kW8SmallMMax;
@@ -236,6 +244,10 @@ std::tuple<torch::Tensor, torch::Tensor> quantize_int8_cpu(const torch::Tensor& 
   const int64_t M = x.size(0), K = x.size(1);
   auto xq = torch::empty({M, K}, x.options().dtype(at::kChar));  // [M, K] int8
   auto sx = torch::empty({M}, x.options().dtype(at::kFloat));     // [M] fp32
+  if (poison_outputs()) {
+    xq.fill_(-128);  // a value the quantizer never writes (symmetric: +-127)
+    sx.fill_(std::numeric_limits<float>::quiet_NaN());
+  }
 #ifdef TERNARY_CPU_KERNELS
   if (M > 0) quantize_rows(x.to(at::kFloat).contiguous(), xq.data_ptr<int8_t>(), K, sx.data_ptr<float>());
 #endif
@@ -319,6 +331,7 @@ torch::Tensor gemm_w2a8_cpu(const torch::Tensor& x,                   // [M, K] 
                     sx.data_ptr<float>(),
                     bias ? bias_f.data_ptr<float>() : nullptr};
   const auto yf = dt == at::kFloat ? y : torch::empty({M, N}, x.options().dtype(at::kFloat));  // [M, N] fp32
+  if (poison_outputs()) yf.fill_(std::numeric_limits<float>::quiet_NaN());
   float* yp = yf.data_ptr<float>();
   const int64_t threads = at::get_num_threads();
   if (small) {
