@@ -12,8 +12,11 @@ back-to-back calls, inputs rotated past 2x L2, median of --replays replays):
 - humming_w2a16_us / humming_w2a8_us: Humming int2 group 128 on the same codes and scales
   (ternary_plugin/humming_backend.py), bf16 activations / int8 activations per token (null where
   humming-kernels is not importable);
-- ternary_w2a8_us: the plugin's int8-activation mode (Humming's int2 x int8 where the layer can take
-  Humming's layout; null where no W2A8 kernel serves the layer).
+- ours_w2a8_us: this repository's s8 wgmma kernel (torch.ops.ternary_serve.gemm_w2a8_path, auto
+  tiling; activation quantization included), and with --s8-sweep its time at each k_split
+  (`s8_split_us`) where M <= 1024;
+- ternary_w2a8_us: the plugin's int8-activation mode (dispatch.plan_layout / plan_w2a8: our s8 kernel
+  or Humming's int2 x int8; null where no W2A8 kernel serves the layer).
 Every variant is checked against a float64 reference before it is timed (relative error in the row).
 `per_layer` sums the four layers per (model, M). Writes kernel-h200.{json,md} (and the PNG through
 benchmarks/plot_kernel.py --band).
@@ -41,14 +44,14 @@ MODELS = {
 }
 MS = [1, 4, 16, 32, 64, 128, 256, 512, 1024, 4096, 16384]
 KEYS = ("ternary_us", "ours_us", "both_us", "cublas_bf16_us", "humming_w2a16_us", "humming_w2a8_us",
-        "ternary_w2a8_us")
+        "ours_w2a8_us", "ternary_w2a8_us")
 
 
 def _rel(y: torch.Tensor, ref: torch.Tensor) -> float:
     return float((y.double() - ref).norm() / ref.norm())
 
 
-def bench_layer(model, layer, k, n, m, l2, replays, humming_ok):
+def bench_layer(model, layer, k, n, m, l2, replays, humming_ok, s8_sweep=False):
     from ternary_plugin import dispatch, humming_backend, ops
     from ternary_plugin import format as fmt
 
@@ -85,13 +88,32 @@ def bench_layer(model, layer, k, n, m, l2, replays, humming_ok):
                 row[key] = time_graph([lambda i=i: layers[i](xs[i % len(xs)]) for i in range(copies_t)], replays)
             del layers
     dev = dispatch.device_of(0)
+    row["ours_w2a8_us"] = None
+    if dev.hopper and hasattr(torch.ops.ternary_serve, "gemm_w2a8_path"):
+        from ternary_plugin.activations import reference_linear_w2a8
+
+        y8 = torch.ops.ternary_serve.gemm_w2a8_path(xs[0], packs[0], scales[0], None, 128, 0)
+        errors["ours_w2a8"] = _rel(y8, ref)
+        # against the mode's own formula (exact integer dots, float64 scale products): what is left
+        # is fp32 summation and the output's rounding
+        errors["ours_w2a8_vs_formula"] = _rel(y8, reference_linear_w2a8(xs[0], packs[0], scales[0], None, 128).double())
+        if errors["ours_w2a8"] < 3e-2 and errors["ours_w2a8_vs_formula"] < 1e-2:
+            row["ours_w2a8_us"] = time_graph([lambda i=i: torch.ops.ternary_serve.gemm_w2a8_path(
+                xs[i % len(xs)], packs[i], scales[i], None, 128, 0) for i in range(copies_t)], replays)
+            if s8_sweep and m <= 1024:
+                steps = -(-k // dispatch.S8_STEP_K)
+                row["s8_split_us"] = {s: round(time_graph([lambda i=i, s=s: torch.ops.ternary_serve.gemm_w2a8_path(
+                    xs[i % len(xs)], packs[i], scales[i], None, 128, 0, k_split=s) for i in range(copies_t)],
+                    replays), 3) for s in (1, 2, 4, 8) if s <= steps}
     layout, why = dispatch.plan_layout(n, k, 128, 0, dev, backend="auto", humming_importable=humming_ok)
     layout8, _ = dispatch.plan_layout(n, k, 128, 0, dev, backend="auto", humming_importable=humming_ok,
                                       activation_dtype="int8")
     row["layout"], row["layout_why"] = layout, why
     row["backend"] = "humming int2" if layout == "humming" else f"ternary: {row['ours_kernel']}"
     row["ternary_us"] = row["humming_w2a16_us"] if layout == "humming" else row["ours_us"]
-    row["ternary_w2a8_us"] = row["humming_w2a8_us"] if layout8 == "humming" else None
+    pick8 = dispatch.plan_w2a8(dispatch.Call(m, n, k), dev, layout8).backend
+    row["w2a8_layout"], row["w2a8_backend"] = layout8, pick8
+    row["ternary_w2a8_us"] = {"humming": row["humming_w2a8_us"], "ternary": row["ours_w2a8_us"]}.get(pick8)
     derive_both(row, dev, humming_ok)
     for key in KEYS:
         if row.get(key) is not None:
@@ -160,21 +182,27 @@ def markdown(result: dict) -> str:
              "plugin runs by default (its layout and dispatch), `ours` this repository's kernels on the ternary "
              "layout, `both layouts` the plugin with TERNARY_GPU_BACKEND=both (twice the packed bytes on the "
              "layers that take it; per M the kernel of band H2, its time the timed one of that kernel):", "",
-             "| model | M | op | ours | op, both layouts | Humming w2a16 | op W2A8 | Humming w2a8 | op us | cuBLAS us |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "| model | M | op | ours | op, both layouts | Humming w2a16 | op W2A8 | ours W2A8 | Humming w2a8 | op us | "
+             "cuBLAS us |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for e in result["per_layer"]:
         lines.append(f"| {e['model']} | {e['M']} | {_x(e['speedup_ternary'])} | {_x(e['speedup_ours'])} | "
                      f"{_x(e['speedup_both'])} | "
                      f"{_x(e['speedup_humming_w2a16'])} | {_x(e['speedup_ternary_w2a8'])} | "
+                     f"{_x(e.get('speedup_ours_w2a8'))} | "
                      f"{_x(e['speedup_humming_w2a8'])} | {e['ternary_us']} | {e['cublas_bf16_us']} |")
     lines += ["", "Per layer (us):", "",
-              "| model | layer | M | K | N | op | backend | ours | cuBLAS bf16 | Humming w2a16 | Humming w2a8 | rel. err. |",
-              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+              "| model | layer | M | K | N | op | backend | ours | cuBLAS bf16 | Humming w2a16 | Humming w2a8 | ours w2a8 "
+              "(by k_split) | rel. err. |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in result["rows"]:
         errs = ", ".join(f"{k} {v:.1e}" for k, v in r["rel_err"].items())
+        sweep = r.get("s8_split_us")
+        s8 = f"{r.get('ours_w2a8_us') or '-'}" + (" (" + ", ".join(f"{s}: {v}" for s, v in sweep.items()) + ")"
+                                                   if sweep else "")
         lines.append(f"| {r['model']} | {r['layer']} | {r['M']} | {r['K']} | {r['N']} | {r['ternary_us']} | "
                      f"{r['backend']} | {r['ours_us']} | {r['cublas_bf16_us']} | {r['humming_w2a16_us'] or '-'} | "
-                     f"{r['humming_w2a8_us'] or '-'} | {errs} |")
+                     f"{r['humming_w2a8_us'] or '-'} | {s8} | {errs} |")
     return "\n".join(lines) + "\n"
 
 
@@ -211,6 +239,7 @@ def main(argv=None) -> int:
     ap.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
     ap.add_argument("--replays", type=int, default=30)
     ap.add_argument("--name", default="kernel-h200")
+    ap.add_argument("--s8-sweep", action="store_true", help="time the s8 kernel at every k_split where M <= 1024")
     ap.add_argument("--warm", nargs=2, metavar=("MODEL", "LAYER"), help=argparse.SUPPRESS)
     ap.add_argument("--derive", type=Path, metavar="JSON", help="recompute a result's derived columns, then exit")
     ap.add_argument("--warm-only", action="store_true",
@@ -253,12 +282,13 @@ def main(argv=None) -> int:
     for model in args.models:
         for layer, k, n in MODELS[model]:
             for m in args.ms:
-                row = bench_layer(model, layer, k, n, m, l2, args.replays, humming_ok)
+                row = bench_layer(model, layer, k, n, m, l2, args.replays, humming_ok, args.s8_sweep)
                 torch.cuda.empty_cache()
                 result["rows"].append(row)
                 print(f"{model:8s} {layer:8s} M={m:6d} op {row['ternary_us']:9.2f} ours {row['ours_us']:9.2f} "
                       f"cublas {row['cublas_bf16_us']:9.2f} h16 {row['humming_w2a16_us'] or 0:9.2f} "
-                      f"h8 {row['humming_w2a8_us'] or 0:9.2f} [{row['backend']}] {time.time() - t0:.0f}s", flush=True)
+                      f"h8 {row['humming_w2a8_us'] or 0:9.2f} s8 {row['ours_w2a8_us'] or 0:9.2f} {row.get('s8_split_us', '')} "
+                      f"[{row['backend']}] {time.time() - t0:.0f}s", flush=True)
             # written after every layer: a run cut short keeps what it measured
             (args.out / f"{args.name}.json").write_text(json.dumps(result, indent=1) + "\n")
     result["per_layer"] = per_layer(result["rows"])

@@ -9,6 +9,7 @@
 
 #include "ternary_check.h"
 #include "ternary_wgmma.h"
+#include "ternary_wgmma_s8.h"
 
 namespace ternary {
 cudaError_t launch_gemv(bool bf16, const void* x, const uint8_t* packed, const __half* scale, const void* bias,
@@ -187,6 +188,87 @@ torch::Tensor gemm_path(const torch::Tensor& x,       // [M, K] bf16/fp16
   return y;
 }
 
+// torch.ops.ternary_serve.gemm_w2a8_path: the int8-activation mode on the s8 wgmma kernel
+// (csrc/ternary_wgmma_s8.cu). x is quantized per token inside the op into a transient int8 copy
+// [M, round_up(K, 128)] (K permuted per 128-block as the kernel reads it) from the caching
+// allocator; the plan (Humming's int8 layer or this) is ternary_plugin/dispatch.py's.
+torch::Tensor gemm_w2a8_path(const torch::Tensor& x,       // [M, K] bf16/fp16
+                             const torch::Tensor& packed,  // [N, ldp] uint8, ldp % 16 == 0
+                             const torch::Tensor& scale,   // [N, lds] fp16
+                             const std::optional<torch::Tensor>& bias,  // [N] x.dtype
+                             int64_t block_size, int64_t k_offset, int64_t k_split) {
+#define CHECK_W2A8(cond, ...) TERNARY_CHECK_ARG("ternary_serve::gemm_w2a8_path: ", cond, __VA_ARGS__)
+  CHECK_W2A8(x.is_cuda() && packed.is_cuda() && scale.is_cuda(), "x, packed and scale must be CUDA tensors");
+  CHECK_W2A8(x.device() == packed.device() && x.device() == scale.device(), "x, packed, scale on different devices");
+  CHECK_W2A8(x.dim() == 2 && x.is_contiguous() && (x.scalar_type() == at::kBFloat16 || x.scalar_type() == at::kHalf),
+             "x must be a contiguous 2-D bf16 or fp16 tensor [M, K], got ", x.scalar_type(), " ", x.sizes());
+  CHECK_W2A8(packed.scalar_type() == at::kByte && packed.dim() == 2 && packed.is_contiguous(),
+             "packed must be a contiguous 2-D uint8 tensor, got ", packed.scalar_type(), " ", packed.sizes());
+  CHECK_W2A8(scale.scalar_type() == at::kHalf && scale.dim() == 2 && scale.is_contiguous(),
+             "scale must be a contiguous 2-D fp16 tensor, got ", scale.scalar_type(), " ", scale.sizes());
+  const int64_t M = x.size(0), K = x.size(1), N = packed.size(0), ldp = packed.size(1), lds = scale.size(1);
+  CHECK_W2A8(block_size % ternary::kS8StepK == 0 && block_size > 0 && k_offset % ternary::kS8StepK == 0 &&
+                 k_offset >= 0 && k_offset < block_size,
+             "the s8 kernel needs block_size and k_offset multiples of ", ternary::kS8StepK,
+             " with 0 <= k_offset < block_size, got ", block_size, " and ", k_offset);
+  CHECK_W2A8(scale.size(0) == N, "scale has ", scale.size(0), " rows, packed has ", N);
+  CHECK_W2A8(ldp >= (K + 3) / 4, "packed has ", ldp, " bytes per row, needs ceil(K/4) = ", (K + 3) / 4, " for K=", K);
+  CHECK_W2A8(ldp % 16 == 0 && reinterpret_cast<uintptr_t>(packed.data_ptr()) % 16 == 0,
+             "packed rows must be padded to 16 bytes and 16-byte aligned (ldp=", ldp,
+             "): use ternary_plugin.ops.pad_packed_rows");
+  CHECK_W2A8(lds >= (k_offset + K + block_size - 1) / block_size, "scale has ", lds, " blocks per row, needs ",
+             (k_offset + K + block_size - 1) / block_size);
+  if (bias) {
+    CHECK_W2A8(bias->is_cuda() && bias->dim() == 1 && bias->size(0) == N && bias->scalar_type() == x.scalar_type(),
+               "bias must be [N] in x's dtype on x's device");
+  }
+  const int64_t Kp = (K + ternary::kS8StepK - 1) / ternary::kS8StepK * ternary::kS8StepK;
+  CHECK_W2A8((k_split == 0 || k_split == 1 || k_split == 2 || k_split == 4 || k_split == 8) &&
+                 k_split <= std::max<int64_t>(Kp / ternary::kS8StepK, 1),
+             "k_split must be 0 (auto), 1, 2, 4 or 8 and at most the ", Kp / ternary::kS8StepK, " k-steps of ",
+             ternary::kS8StepK, " weights, got ", k_split);
+  CHECK_W2A8(ternary::wgmma_supported(), "the s8 wgmma kernel runs on sm_90 (Hopper) devices only");
+  const at::cuda::OptionalCUDAGuard guard(x.device());
+  if (K == 0 || M == 0 || N == 0) {
+    auto y = torch::zeros({M, N}, x.options());
+    return bias && M > 0 ? y + *bias : y;
+  }
+  cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+  const bool bf16 = x.scalar_type() == at::kBFloat16;
+  auto xq = torch::empty({M, Kp}, x.options().dtype(at::kChar));
+  auto sx = torch::empty({M}, x.options().dtype(at::kFloat));
+  check_cuda_error(ternary::launch_quantize_s8(bf16, x.data_ptr(), xq.data_ptr<int8_t>(), sx.data_ptr<float>(), M, K,
+                                               Kp, true, stream),
+                   "quantize_s8_kernel launch", M, N, K);
+  auto y = torch::empty({M, N}, x.options());
+  const torch::Tensor b = bias ? bias->contiguous() : torch::Tensor();
+  check_cuda_error(ternary::launch_wgmma_s8(bf16, xq.data_ptr<int8_t>(), sx.data_ptr<float>(),
+                                            packed.data_ptr<uint8_t>(),
+                                            reinterpret_cast<const __half*>(scale.data_ptr<at::Half>()),
+                                            bias ? b.data_ptr() : nullptr, y.data_ptr(), M, N, Kp, ldp, lds,
+                                            block_size, k_offset, k_split, stream),
+                   "ternary_wgmma_s8_kernel launch", M, N, K);
+  return y;
+#undef CHECK_W2A8
+}
+
+// torch.ops.ternary_serve.quantize_int8: the mode's activation quantization alone (natural column
+// order), (xq int8 [M, K], sx float32 [M]), for tests against activations.quantize_activations_int8.
+std::tuple<torch::Tensor, torch::Tensor> quantize_int8(const torch::Tensor& x) {
+  TERNARY_CHECK_ARG("ternary_serve::quantize_int8: ", x.is_cuda() && x.dim() == 2 && x.is_contiguous() &&
+                        (x.scalar_type() == at::kBFloat16 || x.scalar_type() == at::kHalf),
+                    "x must be a contiguous 2-D bf16 or fp16 CUDA tensor, got ", x.scalar_type(), " ", x.sizes());
+  const at::cuda::OptionalCUDAGuard guard(x.device());
+  const int64_t M = x.size(0), K = x.size(1);
+  auto xq = torch::empty({M, K}, x.options().dtype(at::kChar));
+  auto sx = torch::empty({M}, x.options().dtype(at::kFloat));
+  check_cuda_error(ternary::launch_quantize_s8(x.scalar_type() == at::kBFloat16, x.data_ptr(), xq.data_ptr<int8_t>(),
+                                               sx.data_ptr<float>(), M, K, K, false,
+                                               at::cuda::getCurrentCUDAStream()),
+                   "quantize_s8_kernel launch", M, 0, K);
+  return {xq, sx};
+}
+
 // W [N, K] in `dtype` (bf16/fp16): the large-M path's first half, exposed for benchmarks.
 torch::Tensor dequantize(const torch::Tensor& packed, const torch::Tensor& scale, int64_t K, int64_t block_size,
                          int64_t k_offset, at::ScalarType dtype) {
@@ -216,4 +298,6 @@ torch::Tensor dequantize(const torch::Tensor& packed, const torch::Tensor& scale
 TORCH_LIBRARY_IMPL(ternary_serve, CUDA, m) {
   m.impl("gemm_path", &gemm_path);
   m.impl("dequantize", &dequantize);
+  m.impl("gemm_w2a8_path", &gemm_w2a8_path);
+  m.impl("quantize_int8", &quantize_int8);
 }

@@ -165,13 +165,17 @@ def ternary_linear_w2a8(
     k_offset: int = 0,
     token_block: bool = False,
 ) -> torch.Tensor:  # [M, N] in x.dtype
-    """The layer's one call in the W2A8 mode: the CPU kernel for CPU tensors where it runs here
-    (per-token scales), else the reference op (on CUDA: its CUDA implementation above)."""
-    if x.device.type == "cpu":
-        from .ops import _cpu_w2a8_kernel
+    """The layer's one call in the W2A8 mode: torch.ops.ternary_serve.gemm_w2a8 where a kernel
+    implements it for x's device (on CUDA it plans between this repository's s8 kernel, Humming's
+    int2 x int8 layer and the reference: ops.py, dispatch.W2A8_BANDS; on CPU the AVX512-VNNI
+    kernel where this CPU runs it, ops.cpu_w2a8_isa), else the reference op.
+    Per-(token, block) scales have the reference only."""
+    from . import ops
 
-        if _cpu_w2a8_kernel(x, token_block):
-            return torch.ops.ternary_serve.gemm_w2a8(x, packed, scale, bias, block_size, k_offset)
+    if not token_block and x.is_cuda and x.dtype in (torch.bfloat16, torch.float16) and ops.w2a8_cuda_available():
+        return torch.ops.ternary_serve.gemm_w2a8(x, packed, scale, bias, block_size, k_offset)
+    if x.device.type == "cpu" and ops._cpu_w2a8_kernel(x, token_block):
+        return torch.ops.ternary_serve.gemm_w2a8(x, packed, scale, bias, block_size, k_offset)
     return torch.ops.ternary_ref.linear_w2a8(x, packed, scale, bias, block_size, k_offset, token_block)
 
 

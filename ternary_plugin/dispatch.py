@@ -26,7 +26,11 @@ from typing import Callable, Literal
 
 # gemm_path's kernel numbers (csrc/ternary_schema.cpp)
 GEMV, MMA, DEQUANT, TILED, WGMMA = 1, 2, 3, 4, 5
-KERNEL_NAMES = {GEMV: "gemv", MMA: "mma.sync", DEQUANT: "dequantize + cuBLAS", TILED: "tiled", WGMMA: "wgmma"}
+# The int8-activation mode's kernels (their own ops, not gemm_path's): the s8 wgmma kernel
+# (gemm_w2a8_path) and the reference (activations.reference_linear_w2a8 on the GPU)
+WGMMA_S8, W2A8_REFERENCE = 6, 7
+KERNEL_NAMES = {GEMV: "gemv", MMA: "mma.sync", DEQUANT: "dequantize + cuBLAS", TILED: "tiled", WGMMA: "wgmma",
+                WGMMA_S8: "wgmma s8", W2A8_REFERENCE: "W2A8 reference"}
 
 # The tensor-core kernel's 8-warp CTAs (16 W rows x 32 tokens) resident per SM: 119 registers a
 # thread in the sm_90a build (ptxas report), 2 CTAs an SM on the H200. The one-wave rule below uses
@@ -34,6 +38,7 @@ KERNEL_NAMES = {GEMV: "gemv", MMA: "mma.sync", DEQUANT: "dequantize + cuBLAS", T
 MMA_CTAS_PER_SM = 2
 WGMMA_MAX_SCALE_COLS = 64  # ternary_wgmma.h kWgmmaMaxScaleCols: a row's scale blocks in shared memory
 WGMMA_STEP_K = 64  # ternary_wgmma.h kWgmmaStepK
+S8_STEP_K = 128  # ternary_wgmma_s8.h kS8StepK: a k-step of the s8 kernel is one scale block
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,6 +66,9 @@ LIMITS: tuple[Limit, ...] = (
           "on a layer holding both layouts, largest M that keeps this repository's tensor-core kernel (band H2)"),
     Limit("TERNARY_BOTH_WGMMA_MIN_M", 256,
           "on a layer holding both layouts, smallest M that keeps this repository's wgmma kernel (band H2)"),
+    Limit("TERNARY_W2A8_WGMMA_MIN_M", 1,
+          "int8 activations, a layer holding both layouts: smallest M of this repository's s8 wgmma kernel, Humming's "
+          "int2 x int8 below (band Q2; 0: Humming at every M)"),
     Limit("TERNARY_HUMMING_MIN_WEIGHTS", 16_777_216,
           "smallest N x K of a layer that takes Humming's layout when `TERNARY_GPU_BACKEND` is auto (0: every "
           "eligible layer)"),
@@ -126,7 +134,7 @@ class Call:
 
 @dataclasses.dataclass(frozen=True)
 class Choice:
-    backend: Literal["ternary", "humming"]
+    backend: Literal["ternary", "humming", "reference"]
     kernel: int  # gemm_path's path; 0 for Humming
     band: str
     k_unit: int = 0  # the tensor-core kernel's unit (0: its auto)
@@ -134,6 +142,11 @@ class Choice:
     @property
     def kernel_name(self) -> str:
         return "humming int2" if self.backend == "humming" else KERNEL_NAMES[self.kernel]
+
+
+def wgmma_s8_aligned(c: Call) -> bool:
+    """The s8 kernel's k-steps are whole scale blocks (and TMA copies of the packed rows)."""
+    return c.rows_padded16 and c.block_size % S8_STEP_K == 0 and c.k_offset % S8_STEP_K == 0
 
 
 # --- the conditions the bands read ---------------------------------------------------------------
@@ -291,6 +304,36 @@ def plan(call: Call, dev: Device, layout: str = "ternary", lim: dict[str, int] |
     return ours
 
 
+# The int8-activation mode (activation_dtype int8, per-token scales): first row that holds.
+W2A8_BANDS: tuple[Band, ...] = (
+    Band("Q1", "the layer holds the ternary layout only; compute capability 9.0; block_size, k_offset multiples of "
+               "128", WGMMA_S8, "wgmma s8, 64/128 tokens, persistent or split 2-8 ways along K",
+         "the int8 tensor cores at twice the bf16 rate (kernel-h200.md, W2A8 columns)",
+         lambda c, d, l, layout: layout == "ternary" and d.hopper and wgmma_s8_aligned(c)),
+    Band("Q2", "the layer holds both layouts; compute capability 9.0, same alignment, M >= TERNARY_W2A8_WGMMA_MIN_M",
+         WGMMA_S8, "wgmma s8", "kernel-h200.md, W2A8 columns: this repository's s8 kernel against Humming's int2 x int8",
+         lambda c, d, l, layout: (layout == "both" and d.hopper and wgmma_s8_aligned(c)
+                                  and 0 < l["TERNARY_W2A8_WGMMA_MIN_M"] <= c.m)),
+    Band("QH", "the layer holds Humming's layout (alone, or both below band Q2)", 0,
+         "Humming int2 x int8 (activations quantized per token in its op)",
+         "the peer kernel; the only int8 kernel off Hopper",
+         lambda c, d, l, layout: layout in ("humming", "both")),
+    Band("QR", "everything else (not Hopper and no Humming layout, or blocks off 128-weight boundaries)",
+         W2A8_REFERENCE, "the reference on the GPU: the layer dequantized per call (said once)",
+         "correct at any shape; slow", lambda c, d, l, layout: True),
+)
+
+
+def plan_w2a8(call: Call, dev: Device, layout: str = "ternary", lim: dict[str, int] | None = None) -> Choice:
+    """The int8-activation mode's kernel for ``call`` on a layer holding ``layout``."""
+    lim = lim if lim is not None else limits()
+    for band in W2A8_BANDS:
+        if band.when(call, dev, lim, layout):
+            backend = "humming" if band.kernel == 0 else "reference" if band.kernel == W2A8_REFERENCE else "ternary"
+            return Choice(backend, band.kernel, band.name)
+    raise AssertionError("the last band takes everything")
+
+
 def humming_eligible(n: int, k: int, block_size: int, k_offset: int, dtype_ok: bool) -> str | None:
     """Why a layer cannot take Humming's layout, or None: Humming's groups must tile K exactly
     from the layer's column 0 (a shard starting inside a scale block keeps the ternary layout)."""
@@ -312,7 +355,9 @@ def plan_layout(n: int, k: int, block_size: int, k_offset: int, dev: Device, *, 
     auto takes Humming's layout where Humming is importable, the device is sm_80+, the layer is
     eligible and has at least TERNARY_HUMMING_MIN_WEIGHTS weights (measured: Humming won on the
     8B shapes from M 16 and lost on the 0.6B ones at every M), and at any size in the int8-activation
-    mode (``activation_dtype`` "int8": this repository has no int8 GPU kernel); both does the same
+    mode (``activation_dtype`` "int8") where this repository's s8 kernel cannot run (not Hopper, blocks off
+    128-weight boundaries), elsewhere in that mode ternary (or both, with TERNARY_W2A8_WGMMA_MIN_M > 1,
+    for Humming's kernel below it); both does the same
     but keeps the ternary layout too (twice the packed bytes) and takes, per M, the kernel band H2
     names; ternary never; humming wherever eligible (an error where Humming is missing)."""
     if backend not in BACKENDS:
@@ -331,7 +376,16 @@ def plan_layout(n: int, k: int, block_size: int, k_offset: int, dev: Device, *, 
     if why_not:
         return "ternary", why_not
     if activation_dtype == "int8":
-        return "humming", "int8 activations: Humming's int2 x int8 kernel"
+        if not (dev.hopper and block_size % S8_STEP_K == 0 and k_offset % S8_STEP_K == 0):
+            return "humming", "int8 activations: Humming's int2 x int8 kernel (no s8 kernel of ours for this layer)"
+        if backend == "humming":
+            return "humming", f"{BACKEND_ENV}=humming, int8 activations"
+        if lim["TERNARY_W2A8_WGMMA_MIN_M"] == 0:
+            return "humming", "TERNARY_W2A8_WGMMA_MIN_M=0: Humming's int2 x int8 at every M"
+        if lim["TERNARY_W2A8_WGMMA_MIN_M"] == 1:
+            return "ternary", "int8 activations: this repository's s8 wgmma kernel at every M"
+        return "both", (f"int8 activations: Humming's int2 x int8 below M {lim['TERNARY_W2A8_WGMMA_MIN_M']}, the s8 "
+                        "wgmma kernel from there (twice the packed bytes)")
     if backend in ("auto", "both") and n * k < lim["TERNARY_HUMMING_MIN_WEIGHTS"]:
         return "ternary", f"N x K = {n * k} < TERNARY_HUMMING_MIN_WEIGHTS ({lim['TERNARY_HUMMING_MIN_WEIGHTS']})"
     if backend == "both":
@@ -343,6 +397,9 @@ def markdown() -> str:
     rows = ["| band | condition (M, N, K, GPU) | kernel, tile | why (measurement) |", "|---|---|---|---|"]
     for b in (*BANDS, HUMMING_BAND, BOTH_BAND):
         rows.append(f"| {b.name} | {b.condition} | {b.tile} | {b.reason} |")
+    rows += ["", "int8 activations (`activation_dtype: int8`, per-token scales):", "",
+             "| band | condition | kernel, tile | why (measurement) |", "|---|---|---|---|"]
+    rows += [f"| {b.name} | {b.condition} | {b.tile} | {b.reason} |" for b in W2A8_BANDS]
     rows += ["", "| variable | default | meaning |", "|---|---|---|"]
     rows += [f"| `{lim.env}` | {lim.default} | {lim.meaning} |" for lim in LIMITS]
     rows.append(f"| `{BACKEND_ENV}` | auto | {', '.join(BACKENDS)}: which layout a layer takes (plan_layout) |")
@@ -351,9 +408,10 @@ def markdown() -> str:
 
 
 
-def describe(n: int, k: int, dev: Device, layout: str, max_m: int = 16384) -> str:
-    """The bands one layer takes from M 1 to max_m, e.g. "M 1-32 mma.sync (1, 2), 33-64 tiled (4), ..."."""
-    if layout == "humming":
+def describe(n: int, k: int, dev: Device, layout: str, max_m: int = 16384, w2a8: bool = False) -> str:
+    """The bands one layer takes from M 1 to max_m, e.g. "M 1-32 mma.sync (1, 2), 33-64 tiled (4), ...";
+    ``w2a8``: in the int8-activation mode (W2A8_BANDS)."""
+    if layout == "humming" and not w2a8:
         return f"M 1-{max_m} humming int2 (band {HUMMING_BAND.name})"
     # Every rule is constant between these M: the kernels' token tiles (16, 32, 64, 128, 256 tokens)
     # change their CTA counts only at 32j + 1, and the limits are the other edges.
@@ -364,7 +422,7 @@ def describe(n: int, k: int, dev: Device, layout: str, max_m: int = 16384) -> st
     runs: list[list] = []
     for i, m in enumerate(starts):
         end = starts[i + 1] - 1 if i + 1 < len(starts) else max_m
-        c = plan(Call(m, n, k), dev, layout)
+        c = plan_w2a8(Call(m, n, k), dev, layout) if w2a8 else plan(Call(m, n, k), dev, layout)
         if runs and runs[-1][2] == c.kernel_name:
             runs[-1][1] = end
             if c.band not in runs[-1][3]:

@@ -115,7 +115,7 @@ class TernaryLinearMethod(LinearMethodBase):
             humming_importable=humming_backend.importable(),
             dtype_ok=dtype in (torch.float16, torch.bfloat16), activation_dtype=activation_dtype,
         )
-        _log_layout_once(n, kp, dev, layout, why)
+        _log_layout_once(n, kp, dev, layout, why, activation_dtype == "int8")
         if layout == "ternary":
             return False
         hl = humming_backend.build_layer(packed, layer.weight_scale.data, None, kp, dtype, activation_dtype)
@@ -148,13 +148,13 @@ class TernaryLinearMethod(LinearMethodBase):
         return y.reshape(out_shape)
 
 
-_logged_layouts: set[tuple[int, int, str]] = set()
+_logged_layouts: set[tuple[int, int, str, bool]] = set()
 
 
-def _log_layout_once(n: int, k: int, dev: dispatch.Device, layout: str, why: str) -> None:
+def _log_layout_once(n: int, k: int, dev: dispatch.Device, layout: str, why: str, w2a8: bool = False) -> None:
     """One line per distinct layer shape and process: its layout and the kernel of each M band."""
-    if (n, k, layout) in _logged_layouts:
+    if (n, k, layout, w2a8) in _logged_layouts:
         return
-    _logged_layouts.add((n, k, layout))
-    logger.info("ternary layer N %d x K %d on %s: %s layout (%s); %s", n, k, dev.name or "GPU", layout, why,
-                dispatch.describe(n, k, dev, layout))
+    _logged_layouts.add((n, k, layout, w2a8))
+    logger.info("ternary layer N %d x K %d on %s: %s layout (%s); %s%s", n, k, dev.name or "GPU", layout, why,
+                "int8 activations: " if w2a8 else "", dispatch.describe(n, k, dev, layout, w2a8=w2a8))

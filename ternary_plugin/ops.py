@@ -210,21 +210,22 @@ _plans: dict[tuple, dispatch.Choice] = {}
 
 
 def cuda_plan(x: torch.Tensor, packed: torch.Tensor, block_size: int, k_offset: int,
-              layout: str = "ternary") -> dispatch.Choice:
-    """The kernel ``torch.ops.ternary_serve.gemm`` takes for these CUDA tensors (dispatch.plan;
-    layout "both": or Humming's), memoised per (shape, alignment, device): a dictionary lookup."""
+              layout: str = "ternary", w2a8: bool = False) -> dispatch.Choice:
+    """The kernel ``torch.ops.ternary_serve.gemm`` (``w2a8``: ``gemm_w2a8``) takes for these CUDA
+    tensors (dispatch.plan / plan_w2a8 on a layer holding ``layout``), memoised per (shape,
+    alignment, device, layout): a dictionary lookup."""
     index = x.device.index if x.device.index is not None else torch.cuda.current_device()
     ldp, pptr = packed.shape[1], packed.data_ptr()
     key = (x.shape[0], packed.shape[0], x.shape[1], block_size, k_offset, ldp % 16 == 0 and pptr % 16 == 0,
-           ldp % 8 == 0 and pptr % 8 == 0, x.data_ptr() % 16 == 0, index, layout)
+           ldp % 8 == 0 and pptr % 8 == 0, x.data_ptr() % 16 == 0, index, layout, w2a8)
     choice = _plans.get(key)
     if choice is None:
         dev = _devices.get(index)
         if dev is None:
             dev = _devices[index] = dispatch.device_of(index)
-        m, n, k, bs, ko, r16, r8, x16, _, _ = key
-        choice = _plans[key] = dispatch.plan(
-            dispatch.Call(m, n, k, bs, ko, rows_padded8=r8, rows_padded16=r16, x_aligned16=x16), dev, layout)
+        m, n, k, bs, ko, r16, r8, x16, _, _, _ = key
+        call = dispatch.Call(m, n, k, bs, ko, rows_padded8=r8, rows_padded16=r16, x_aligned16=x16)
+        choice = _plans[key] = dispatch.plan_w2a8(call, dev, layout) if w2a8 else dispatch.plan(call, dev, layout)
     return choice
 
 
@@ -252,6 +253,19 @@ def _register_cuda_gemm() -> None:
         )
 
     lib.impl("gemm", gemm_cuda, "CUDA")
+    if hasattr(getattr(torch.ops, OP_NAMESPACE), "gemm_w2a8_path"):
+
+        def gemm_w2a8_cuda(x, packed, scale, bias, block_size, k_offset):
+            hl = humming_backend.attached(packed)
+            choice = cuda_plan(x, packed, block_size, k_offset, hl[1] if hl is not None else "ternary", w2a8=True)
+            if choice.backend == "ternary":  # this repository's s8 wgmma kernel
+                return torch.ops.ternary_serve.gemm_w2a8_path(x, packed, scale, bias, block_size, k_offset)
+            # Humming's int2 x int8 layer, or the reference: the reference op's CUDA kernel
+            # (activations._w2a8_cuda) takes whichever the layer has
+            return torch.ops.ternary_ref.linear_w2a8(x, packed, scale, bias, block_size, k_offset, False)
+
+        lib.impl("gemm_w2a8", gemm_w2a8_cuda, "CUDA")
+        _state["w2a8_cuda"] = True
     _state["cuda_gemm"] = lib  # the registration lives as long as the Library object
 
 
@@ -266,21 +280,29 @@ def _register_fake() -> None:
     torch.library.register_fake(f"{OP_NAMESPACE}::gemm", _gemm_fake)
     torch.library.register_fake(f"{OP_NAMESPACE}::gemm_path", _gemm_fake)
 
-    if hasattr(getattr(torch.ops, OP_NAMESPACE), "gemm_w2a8"):  # the W2A8 ops (schema in every build since)
+    def _w2a8_fake(x, packed, scale, bias, block_size, k_offset, *tile, **launch):  # gemm_w2a8 and its _path
+        return x.new_empty((x.shape[0], packed.shape[0]))
 
-        @torch.library.register_fake(f"{OP_NAMESPACE}::gemm_w2a8")
-        def _gemm_w2a8_fake(x, packed, scale, bias, block_size, k_offset):
-            return x.new_empty((x.shape[0], packed.shape[0]))
+    def _quantize_fake(x):
+        return x.new_empty(x.shape, dtype=torch.int8), x.new_empty((x.shape[0],), dtype=torch.float32)
 
-        @torch.library.register_fake(f"{OP_NAMESPACE}::quantize_int8")
-        def _quantize_int8_fake(x):
-            return x.new_empty(x.shape, dtype=torch.int8), x.new_empty((x.shape[0],), dtype=torch.float32)
+    ns = getattr(torch.ops, OP_NAMESPACE)
+    if hasattr(ns, "gemm_w2a8"):  # an extension built before the W2A8 ops has none
+        torch.library.register_fake(f"{OP_NAMESPACE}::gemm_w2a8", _w2a8_fake)
+        torch.library.register_fake(f"{OP_NAMESPACE}::gemm_w2a8_path", _w2a8_fake)
+        torch.library.register_fake(f"{OP_NAMESPACE}::quantize_int8", _quantize_fake)
 
     @torch.library.register_fake(f"{OP_NAMESPACE}::dequantize")
     def _dequantize_fake(packed, scale, k, block_size, k_offset, dtype):
         return packed.new_empty((packed.shape[0], k), dtype=dtype)
 
     _state["fake"] = True
+
+
+def w2a8_cuda_available() -> bool:
+    """Whether torch.ops.ternary_serve.gemm_w2a8 has its CUDA implementation here (the extension
+    built with CUDA: it plans between the s8 kernel, Humming's and the reference)."""
+    return op_available() and bool(_state.get("w2a8_cuda"))
 
 
 def ensure_op_registered() -> None:

@@ -164,10 +164,37 @@ def test_humming_repack_keeps_every_code(n, k):
         humming_backend.to_humming_tensors(fmt.pack_ternary(values[:, :200]), scale, 200, torch.bfloat16)
 
 
-def test_int8_activations_take_hummings_layout_at_any_size():
+def test_int8_activations_take_our_s8_kernel_on_hopper_and_hummings_elsewhere():
     kw = dict(humming_importable=True, lim=LIM, activation_dtype="int8")
-    assert d.plan_layout(1024, 768, 128, 0, H200, backend="auto", **kw)[0] == "humming"
+    a100 = d.Device(108, (8, 0), "A100")
+    # Hopper: this repository's s8 wgmma kernel at every M (TERNARY_W2A8_WGMMA_MIN_M 1), any size
+    assert d.plan_layout(1024, 768, 128, 0, H200, backend="auto", **kw)[0] == "ternary"
+    assert d.plan_layout(24576, 4096, 128, 0, H200, backend="auto", **kw)[0] == "ternary"
+    # a threshold above 1 keeps Humming's int2 x int8 layer below it: both layouts
+    lim64 = {**LIM, "TERNARY_W2A8_WGMMA_MIN_M": 64}
+    assert d.plan_layout(1024, 768, 128, 0, H200, backend="auto", **{**kw, "lim": lim64})[0] == "both"
+    assert d.plan_layout(1024, 768, 128, 0, H200, backend="humming", **kw)[0] == "humming"
+    off = {**kw, "lim": {**LIM, "TERNARY_W2A8_WGMMA_MIN_M": 0}}
+    assert d.plan_layout(1024, 768, 128, 0, H200, backend="auto", **off)[0] == "humming"
+    # off Hopper, or a shard whose blocks miss the kernel's 128-weight k-steps: Humming's, where eligible
+    assert d.plan_layout(1024, 768, 128, 0, a100, backend="auto", **kw)[0] == "humming"
     assert d.plan_layout(1024, 768, 128, 64, H200, backend="auto", **kw)[0] == "ternary"  # ineligible shard
+
+    def w2a8(m, layout, dev=H200, lim=LIM, **call):
+        c = d.plan_w2a8(d.Call(m, 4096, 4096, **call), dev, layout, lim=lim)
+        return c.kernel_name, c.band, c.backend
+
+    assert w2a8(1, "ternary") == ("wgmma s8", "Q1", "ternary")
+    assert w2a8(16384, "ternary") == ("wgmma s8", "Q1", "ternary")
+    assert w2a8(63, "both", lim=lim64) == ("humming int2", "QH", "humming")
+    assert w2a8(64, "both", lim=lim64) == ("wgmma s8", "Q2", "ternary")
+    assert w2a8(4096, "both", lim={**LIM, "TERNARY_W2A8_WGMMA_MIN_M": 0}) == ("humming int2", "QH", "humming")
+    assert w2a8(64, "humming") == ("humming int2", "QH", "humming")
+    assert w2a8(64, "ternary", dev=a100) == ("W2A8 reference", "QR", "reference")
+    assert w2a8(64, "ternary", k_offset=64) == ("W2A8 reference", "QR", "reference")
+    assert w2a8(64, "ternary", block_size=256, k_offset=128) == ("wgmma s8", "Q1", "ternary")
+    assert w2a8(64, "ternary", rows_padded16=False) == ("W2A8 reference", "QR", "reference")
+    assert "wgmma s8 (Q1)" in d.describe(4096, 4096, H200, "ternary", w2a8=True)
 
 
 def test_a_layer_with_both_layouts_keeps_our_kernel_at_small_m_and_on_wgmma_from_256():

@@ -6,6 +6,7 @@
 #
 #   bash benchmarks/gpu/gpu_e2e_run.sh setup kernel        # build + install, GPU tests, memcheck, kernel bench
 #   bash benchmarks/gpu/gpu_e2e_run.sh setup band          # build, GPU tests + Humming's, memcheck, bench_band.py
+#   bash benchmarks/gpu/gpu_e2e_run.sh setup w2a8          # build, the s8 kernel's tests + memcheck, bench_band.py
 #   bash benchmarks/gpu/gpu_e2e_run.sh wgmma               # the wgmma kernel's tests, memcheck, bench at M >= 64
 #   ORDER="mma floor" bash benchmarks/probes/run_probes.sh  # kernels alone, outside torch (seconds; no setup)
 #   bash benchmarks/gpu/gpu_e2e_run.sh profile_tiled       # ncu on the tiled kernel (profile: the small-M one)
@@ -35,6 +36,7 @@ LOGS=/root/e2e-logs
 [ -e /root/mma64_broken ] && export TERNARY_MMA64_MAX_K=0 && echo "NOTE: 64-weight units off (their GPU tests failed)"
 [ -e /root/tiled_broken ] && export TERNARY_TILED_MAX_M=0 TERNARY_TILED_WAVE_MAX_M=0 && echo "NOTE: tiled kernel off (its GPU tests failed)"
 [ -e /root/wgmma_broken ] && export TERNARY_WGMMA_MIN_M=0 TERNARY_WGMMA_WIDE_MIN_M=0 && echo "NOTE: wgmma kernel off (its GPU tests failed)"
+[ -e /root/w2a8_broken ] && export TERNARY_W2A8_WGMMA_MIN_M=0 && echo "NOTE: s8 kernel off (its GPU tests failed): Humming's int2 x int8"
 
 env_json() {  # GPU, versions, and this stage's command, for the report
   python3 - "$1" <<'EOF' > "$OUT/env-$1.json"
@@ -114,6 +116,26 @@ stage_band() {
   tail -3 "$OUT/memcheck.log"
   python3 benchmarks/bench_band.py --out "$OUT" ${BAND_ARGS:-} > "$LOGS/bench_band.log" 2>&1 || tail -30 "$LOGS/bench_band.log"
   tail -45 "$LOGS/bench_band.log"
+}
+
+# The int8-activation kernel (csrc/ternary_wgmma_s8.cu): its GPU tests (a failure switches the
+# mode to Humming's kernel for the later stages: /root/w2a8_broken), memcheck on its small cases,
+# then bench_band.py with its columns and split sweep on the 8B and 0.6B shapes (kernel-h200.*)
+stage_w2a8() {
+  nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv
+  timeout 150 python3 -X faulthandler -m pytest -q -p no:cacheprovider -m gpu tests/test_w2a8_gpu.py \
+    tests/test_dispatch.py > "$OUT/gpu_tests_w2a8.log" 2>&1
+  tail -3 "$OUT/gpu_tests_w2a8.log"; grep -E "^FAILED|^ERROR|rel|error" "$OUT/gpu_tests_w2a8.log" | head -30
+  if grep -qE "^(FAILED|ERROR)|Timeout|Fatal" "$OUT/gpu_tests_w2a8.log" || ! grep -q " passed" "$OUT/gpu_tests_w2a8.log"; then
+    touch /root/w2a8_broken; echo "s8 kernel FAILED its tests: no bench"; return 1
+  fi
+  timeout 80 compute-sanitizer --tool memcheck --print-limit 20 python3 -m pytest -q -p no:cacheprovider \
+    tests/test_w2a8_gpu.py -k "quantization and bf16 or (formula and bf16 and not 12288 and not 3072 and not 1536)" \
+    > "$OUT/memcheck_w2a8.log" 2>&1
+  tail -3 "$OUT/memcheck_w2a8.log"
+  timeout ${BAND_TIMEOUT:-300} python3 benchmarks/bench_band.py --out "$OUT" --models ${BAND_MODELS:-8B 0.6B} --s8-sweep \
+    ${BAND_ARGS:-} > "$LOGS/bench_band.log" 2>&1 || tail -30 "$LOGS/bench_band.log"
+  grep -E "^8B|^0.6B" "$LOGS/bench_band.log" | tail -30
 }
 
 # The wgmma kernel alone (a short call while it is being built): its GPU tests, memcheck on its

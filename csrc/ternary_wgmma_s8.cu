@@ -1,0 +1,457 @@
+// Ternary GEMM with int8 activations (the W2A8 mode, ternary_plugin/activations.py) on Hopper's
+// int8 tensor cores (wgmma s8, twice the bf16 rate; sm_90a only):
+//   y[M, N] = sx[M] * sum_b ws[N, b] * (xq[M, K_b] . codes[N, K_b]) (+ bias)
+// where xq = int8 activations quantized per token (sx = absmax / 127) by this file's quantize
+// kernel, K_b the 128 weights of scale block b, the dots exact in int32, the sum over blocks fp32.
+//
+// The structure is csrc/ternary_wgmma.cu's (swap AB: W rows are wgmma's M side from registers,
+// tokens its N side from shared memory; one producer thread's TMA copies, two MMA warpgroups,
+// persistent CTAs or a cluster split along K, shared pieces in ternary_wgmma.cuh). What differs:
+//   - a k-step is 128 weights of K: one 128-byte swizzle row of int8 and exactly one scale block
+//     (block_size a multiple of 128, k_offset % 128 == 0: the host checks), so the k-step's four
+//     m64 x nBM x k32 wgmma write a fresh int32 block sum (scale-d 0 on the first), which the MMA
+//     threads promote into fp32 accumulators, acc += float(block sum) x ws[row, b]: DeepGEMM's
+//     per-128 promotion, exact up to that fp32 product and sum. Two accumulator sets (int32 +
+//     fp32) cap the tile at 128 tokens (wgmma's integer N stops at 224 anyway);
+//   - the decode has no scale multiply and is 4 instructions a register of 4 weights
+//     (spread_codes), because the activations' K order is permuted inside every 128-block to
+//     match the codes' natural order (quantize kernel, kPermute below): a register's 4 bytes are
+//     then the same 2-bit field of 4 consecutive code bytes, not 4 fields of one byte;
+//   - the scales are read per k-step from global memory (L1/L2; prefetched a k-step ahead), so K
+//     has no limit from shared memory (8B's down_proj: 96 blocks);
+//   - the epilogue multiplies by the token's sx.
+//
+//                    K (128 a k-step = one scale block) ->
+//   xq tile [BM tok x 128] int8 (K permuted) --(TMA)--------------------- B (shared memory) ---+
+//   codes   [128 rows x 32 B]               --(TMA)--> 2 rows x 32 codes -> int8 A (registers) -+-> wgmma s8 -> int32
+//                                                                          acc += float(int32) x ws[row, b]
+//
+// Requires (checked by the host): an sm_90 device; packed 16-byte aligned with rows padded to 16
+// bytes (ternary_plugin.ops.pad_packed_rows); block_size % 128 == 0, k_offset % 128 == 0. Any M,
+// N, K: the quantize kernel zero-pads K to a multiple of 128 and the TMA zero-fills past M, N.
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+#include <algorithm>
+
+#include "ternary_common.cuh"
+#include "ternary_mma.cuh"
+#include "ternary_wgmma.cuh"
+#include "ternary_wgmma.h"
+#include "ternary_wgmma_s8.h"
+
+namespace ternary {
+namespace {
+
+using namespace wg;
+
+constexpr int kBK = kS8StepK;      // weights of K a k-step: 128 int8 = one 128-byte swizzle row
+constexpr int kRow = kBK;          // bytes of an activation tile row
+constexpr int kCodeRow = kBK / 4;  // bytes of codes a W row a k-step
+
+// Stages: 6 of 20 KB at 128 tokens, 8 of 12 KB at 64.
+template <int BM>
+constexpr int kS8StagesOf = BM == 128 ? 6 : 8;
+
+template <int STAGES, int BM>
+struct S8Shape {
+  static constexpr int kXBytes = BM * kRow, kCBytes = kBN * kCodeRow;
+  static constexpr int kOutLd = kBN + 8;  // output staging row ([token][W row]), padded
+  // [activation stages (1024-byte aligned) | code stages | output tile | mbarriers full, empty]
+  static constexpr int kCOff = STAGES * kXBytes, kOutOff = kCOff + STAGES * kCBytes;
+  static constexpr int kBarOff = kOutOff + BM * kOutLd * 2;
+  static constexpr int kSmemBytes = kBarOff + 2 * STAGES * 8 + 1024;  // + alignment
+  static_assert(kSmemBytes <= 227 * 1024, "shared memory of one CTA");
+};
+
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+// d (m64 x nBM, int32; d[4j + 2h + e]: W row 16 warp + lane / 4 + 8h, token 8j + 2 (lane % 4) + e)
+// = (scale_d ? d : 0) + A (m64 x k32 int8) * B (k32 x nBM int8). A from registers: a[0] row
+// lane / 4, k 4 (lane % 4) + byte; a[1] row + 8; a[2], a[3] k + 16 (the m16n8k32 A fragment); B
+// from shared memory (descriptor db, K-major, 128-byte swizzle; a k32 step is +32 bytes).
+#define TERNARY_WGMMA_S8_N64 \
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n" \
+               "wgmma.mma_async.sync.aligned.m64n64k32.s32.s8.s8 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, " \
+               "{%32, %33, %34, %35}, %36, p;\n}\n" \
+               : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3]), "+r"(d[4]), "+r"(d[5]), "+r"(d[6]), "+r"(d[7]), "+r"(d[8]), "+r"(d[9]), "+r"(d[10]), "+r"(d[11]), "+r"(d[12]), "+r"(d[13]), "+r"(d[14]), "+r"(d[15]), "+r"(d[16]), "+r"(d[17]), "+r"(d[18]), "+r"(d[19]), "+r"(d[20]), "+r"(d[21]), "+r"(d[22]), "+r"(d[23]), "+r"(d[24]), "+r"(d[25]), "+r"(d[26]), "+r"(d[27]), "+r"(d[28]), "+r"(d[29]), "+r"(d[30]), "+r"(d[31]) \
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(scale_d))
+#define TERNARY_WGMMA_S8_N128 \
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n" \
+               "wgmma.mma_async.sync.aligned.m64n128k32.s32.s8.s8 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, " \
+               "{%64, %65, %66, %67}, %68, p;\n}\n" \
+               : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3]), "+r"(d[4]), "+r"(d[5]), "+r"(d[6]), "+r"(d[7]), "+r"(d[8]), "+r"(d[9]), "+r"(d[10]), "+r"(d[11]), "+r"(d[12]), "+r"(d[13]), "+r"(d[14]), "+r"(d[15]), "+r"(d[16]), "+r"(d[17]), "+r"(d[18]), "+r"(d[19]), "+r"(d[20]), "+r"(d[21]), "+r"(d[22]), "+r"(d[23]), "+r"(d[24]), "+r"(d[25]), "+r"(d[26]), "+r"(d[27]), "+r"(d[28]), "+r"(d[29]), "+r"(d[30]), "+r"(d[31]), "+r"(d[32]), "+r"(d[33]), "+r"(d[34]), "+r"(d[35]), "+r"(d[36]), "+r"(d[37]), "+r"(d[38]), "+r"(d[39]), "+r"(d[40]), "+r"(d[41]), "+r"(d[42]), "+r"(d[43]), "+r"(d[44]), "+r"(d[45]), "+r"(d[46]), "+r"(d[47]), "+r"(d[48]), "+r"(d[49]), "+r"(d[50]), "+r"(d[51]), "+r"(d[52]), "+r"(d[53]), "+r"(d[54]), "+r"(d[55]), "+r"(d[56]), "+r"(d[57]), "+r"(d[58]), "+r"(d[59]), "+r"(d[60]), "+r"(d[61]), "+r"(d[62]), "+r"(d[63]) \
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(scale_d))
+template <int BM>
+__device__ __forceinline__ void wgmma_s8(int32_t (&d)[BM / 2], const uint32_t (&a)[4], uint64_t db, int scale_d) {
+  if constexpr (BM == 128) {
+    TERNARY_WGMMA_S8_N128;
+  } else {
+    static_assert(BM == 64, "tiles of 64 or 128 tokens");
+    TERNARY_WGMMA_S8_N64;
+  }
+}
+#undef TERNARY_WGMMA_S8_N64
+#undef TERNARY_WGMMA_S8_N128
+
+// Byte i of the result: code field R (bits 2R, 2R + 1) of byte i of w as an int8 weight: 00 -> 0,
+// 01 -> +1, 10 -> -1 (0xFF). The -1 bit of every byte moves to bit 7 and prmt's sign mode (selector
+// nibbles 8-11) spreads it over its byte; the +1 bit moves to bit 0. The reserved 11 gives -1.
+template <int R>
+__device__ __forceinline__ uint32_t spread_codes(uint32_t w) {
+  uint32_t sign;
+  asm("prmt.b32 %0, %1, 0, 0xBA98;\n" : "=r"(sign) : "r"(w << (6 - 2 * R)));
+  return sign | ((w >> (2 * R)) & 0x01010101u);
+}
+
+// One k-step's A fragments of a thread (4 k32 wgmma x 4 registers): rows r0 (c0) and r0 + 8 (c1),
+// code words 2t (.x) and 2t + 1 (.y) of the row's 32 bytes: natural weights 32t + 16u + 4i + R of
+// word u, field R, byte i. Register a[R][2u] (a[R][2u + 1] for r0 + 8) byte i sits at wgmma
+// position 32R + 16u + 4t + i: the activations' permutation (kPermute) puts the matching x there.
+__device__ __forceinline__ void decode_s8(uint32_t (&a)[4][4], uint2 c0, uint2 c1) {
+  a[0][0] = spread_codes<0>(c0.x), a[1][0] = spread_codes<1>(c0.x), a[2][0] = spread_codes<2>(c0.x), a[3][0] = spread_codes<3>(c0.x);
+  a[0][2] = spread_codes<0>(c0.y), a[1][2] = spread_codes<1>(c0.y), a[2][2] = spread_codes<2>(c0.y), a[3][2] = spread_codes<3>(c0.y);
+  a[0][1] = spread_codes<0>(c1.x), a[1][1] = spread_codes<1>(c1.x), a[2][1] = spread_codes<2>(c1.x), a[3][1] = spread_codes<3>(c1.x);
+  a[0][3] = spread_codes<0>(c1.y), a[1][3] = spread_codes<1>(c1.y), a[2][3] = spread_codes<2>(c1.y), a[3][3] = spread_codes<3>(c1.y);
+}
+#endif
+
+// Position p = 32a + 16u + 4b + c (a, b, c < 4, u < 2) of a 128-block of the quantized activations
+// holds natural column 32b + 16u + 4c + a of that block (decode_s8's order).
+__host__ __device__ constexpr int permuted_column(int p) {
+  return 32 * ((p >> 2) & 3) + (p & 16) + 4 * (p & 3) + (p >> 5);
+}
+
+// xq [M, ldq] int8, sx [M] fp32 from x [M, K]: one CTA a token. sx = absmax / 127 (1 where that
+// is 0), xq = clamp(rint(x / sx), +-127), both in fp32 with IEEE division as the reference
+// (quantize_activations_int8) computes them: bit-identical. PERMUTE: columns permuted per 128-block
+// (permuted_column) and zero-padded to ldq = round_up(K, 128), for the GEMM; else natural, ldq = K.
+template <typename T, bool PERMUTE>
+__global__ void __launch_bounds__(256) quantize_s8_kernel(const T* __restrict__ x, int8_t* __restrict__ xq,
+                                                          float* __restrict__ sx, int K, int ldq) {
+  const T* row = x + (size_t)blockIdx.x * K;
+  float amax = 0.f;
+  for (int k = threadIdx.x; k < K; k += blockDim.x) amax = fmaxf(amax, fabsf(Vec<T>::to_float(row[k])));
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+  __shared__ float warp_max[8];
+  if (threadIdx.x % 32 == 0) warp_max[threadIdx.x / 32] = amax;
+  __syncthreads();
+  amax = warp_max[0];
+  for (int w = 1; w < (int)blockDim.x / 32; ++w) amax = fmaxf(amax, warp_max[w]);
+  float s = __fdiv_rn(amax, 127.f);
+  if (!(s > 0.f)) s = 1.f;
+  if (threadIdx.x == 0) sx[blockIdx.x] = s;
+  auto q = [&](int k) -> int {
+    if (k >= K) return 0;
+    const int v = __float2int_rn(__fdiv_rn(Vec<T>::to_float(row[k]), s));
+    return max(-127, min(127, v));
+  };
+  int8_t* out = xq + (size_t)blockIdx.x * ldq;
+  if constexpr (PERMUTE) {
+    for (int g = threadIdx.x; g < ldq / 4; g += blockDim.x) {  // 4 output bytes, positions 4g .. 4g + 3
+      const int p = 4 * g, base = p & ~127, c0 = base + permuted_column(p & 127);
+      // positions p .. p + 3 differ in c: natural columns c0, c0 + 4, c0 + 8, c0 + 12
+      const uint32_t v = (uint32_t)(q(c0) & 0xff) | ((uint32_t)(q(c0 + 4) & 0xff) << 8) |
+                         ((uint32_t)(q(c0 + 8) & 0xff) << 16) | ((uint32_t)(q(c0 + 12) & 0xff) << 24);
+      *reinterpret_cast<uint32_t*>(out + p) = v;
+    }
+  } else {
+    for (int k = threadIdx.x; k < K; k += blockDim.x) out[k] = (int8_t)q(k);
+  }
+}
+
+template <typename T, int STAGES, int BM, bool SPLIT>
+__global__ void __launch_bounds__(kThreads, 1)
+ternary_wgmma_s8_kernel(const __grid_constant__ CUtensorMap x_map,     // xq [M, Kp] int8: boxes 128 x BM, 128-byte swizzle
+                        const __grid_constant__ CUtensorMap code_map,  // packed [N, ldp]: boxes 32 B x 128 rows
+                        const float* __restrict__ sx,                  // [M]
+                        const __half* __restrict__ scale,              // [N, lds]
+                        const T* __restrict__ bias,                    // [N] or nullptr
+                        T* __restrict__ y,                             // [M, N]
+                        int M, int N, int Kp, int lds, int block_size, int k_offset, int splits) {
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  using S = S8Shape<STAGES, BM>;
+  extern __shared__ uint8_t smem_raw[];
+  const uint32_t raw_s = static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw));
+  uint8_t* smem = smem_raw + ((1024 - (raw_s & 1023)) & 1023);  // swizzle atoms are 1024-byte aligned
+  const uint32_t smem_s = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+  const uint32_t full_bar = smem_s + S::kBarOff, empty_bar = full_bar + 8 * STAGES;
+  const int tid = threadIdx.x;
+  const int steps = Kp / kBK;
+  const int tiles_n = (N + kBN - 1) / kBN, tiles = tiles_n * ((M + BM - 1) / BM);
+  // as ternary_wgmma_kernel: SPLIT, clusters of `splits` CTAs a tile, each a run of k-steps
+  const int first_tile = SPLIT ? blockIdx.x / splits : blockIdx.x;
+  const int tile_stride = SPLIT ? gridDim.x / splits : gridDim.x, rank = SPLIT ? blockIdx.x % splits : 0;
+  const int kt0 = SPLIT ? rank * steps / splits : 0;
+  const int nk = SPLIT ? (rank + 1) * steps / splits - kt0 : steps;
+
+  if (tid == 0) {
+    for (int s = 0; s < STAGES; ++s) {
+      mbar_init(full_bar + 8 * s, 1);
+      mbar_init(empty_bar + 8 * s, kMmaThreads / 32);
+    }
+  }
+  __syncthreads();
+
+  if (tid >= kMmaThreads) {  // the producer warpgroup
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kProducerRegs));
+    if (tid == kMmaThreads) {
+      int it = 0;
+      for (int tile = first_tile; tile < tiles; tile += tile_stride) {
+        const int n0 = (tile % tiles_n) * kBN, m0 = (tile / tiles_n) * BM;
+        for (int kt = 0; kt < nk; ++kt, ++it) {
+          const int s = it % STAGES;
+          mbar_wait(empty_bar + 8 * s, ((it / STAGES) & 1) ^ 1);
+          const uint32_t bar = full_bar + 8 * s;
+          asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar),
+                       "n"(S::kXBytes + S::kCBytes) : "memory");
+          asm volatile(
+              "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, "
+              "%3}], [%4];\n" ::"r"(smem_s + s * S::kXBytes), "l"(reinterpret_cast<uint64_t>(&x_map)), "r"((kt0 + kt) * kBK),
+              "r"(m0), "r"(bar)
+              : "memory");
+          asm volatile(
+              "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, "
+              "%3}], [%4];\n" ::"r"(smem_s + S::kCOff + s * S::kCBytes), "l"(reinterpret_cast<uint64_t>(&code_map)),
+              "r"((kt0 + kt) * kCodeRow), "r"(n0), "r"(bar)
+              : "memory");
+        }
+      }
+    }
+    if constexpr (SPLIT) {
+      __syncwarp();
+      cluster_barrier<false>();
+      cluster_barrier<true>();
+    }
+    return;
+  }
+
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kMmaRegs));
+  const int wg = tid / 128, warp = (tid % 128) / 32, lane = tid % 32, t = lane % 4;
+  const int r0 = wg * 64 + warp * 16 + lane / 4;  // this thread's W rows r0, r0 + 8
+  const int col0 = k_offset / block_size;          // the scale column of local column 0's block
+
+  int it = 0;
+  for (int tile = first_tile; tile < tiles; tile += tile_stride) {
+    const int n0 = (tile % tiles_n) * kBN, m0 = (tile / tiles_n) * BM;
+    const unsigned short* srow0 = reinterpret_cast<const unsigned short*>(scale) + (size_t)min(n0 + r0, N - 1) * lds;
+    const unsigned short* srow1 = reinterpret_cast<const unsigned short*>(scale) + (size_t)min(n0 + r0 + 8, N - 1) * lds;
+    // k-step kt's scale column (relative to the tensor's column 0): local column 128 kt is global
+    // k_offset + 128 kt, in block (k_offset + 128 kt) / block_size
+    auto scale_col = [&](int kt) { return (k_offset + (kt0 + kt) * kBK) / block_size - col0; };
+
+    // Waits for k-step kt's stage, decodes its codes and loads its two rows' scales (raw bits).
+    auto decode = [&](uint32_t (&a)[4][4], unsigned short (&sc)[2], int kt) {
+      const int g = it + kt;
+      sc[0] = __ldg(srow0 + scale_col(kt)), sc[1] = __ldg(srow1 + scale_col(kt));
+      mbar_wait(full_bar + 8 * (g % STAGES), (g / STAGES) & 1);
+      const uint8_t* codes = smem + S::kCOff + (g % STAGES) * S::kCBytes;
+      const uint2 c0 = *reinterpret_cast<const uint2*>(codes + r0 * kCodeRow + 8 * t);
+      const uint2 c1 = *reinterpret_cast<const uint2*>(codes + (r0 + 8) * kCodeRow + 8 * t);
+      decode_s8(a, c0, c1);
+    };
+    float acc[BM / 2];
+    int32_t blk[BM / 2];
+#pragma unroll
+    for (int i = 0; i < BM / 2; ++i) acc[i] = 0.f;
+    // k-step kt: its wgmma (A = a) into blk; while they run, the next k-step's decode (into
+    // a_next); then the wait, the stage freed, and the promotion of blk with this k-step's scales.
+    auto step = [&](const uint32_t (&a)[4][4], const unsigned short (&sc)[2], uint32_t (&a_next)[4][4],
+                    unsigned short (&sc_next)[2], int kt) {
+      const int g = it + kt;
+      fence_accumulators(blk);
+      wgmma_arrive();
+      const uint32_t xb = smem_s + (g % STAGES) * S::kXBytes;
+#pragma unroll
+      for (int q = 0; q < 4; ++q) wgmma_s8<BM>(blk, a[q], sw128_desc(xb + 32 * q), q);
+      wgmma_commit();
+      if (kt + 1 < nk) decode(a_next, sc_next, kt + 1);
+      wgmma_wait<0>();
+      fence_accumulators(blk);
+      if (lane == 0) mbar_arrive(empty_bar + 8 * (g % STAGES));
+      const float s0 = scale_from_bits(sc[0]), s1 = scale_from_bits(sc[1]);
+#pragma unroll
+      for (int i = 0; i < BM / 2; ++i) acc[i] = fmaf((float)blk[i], (i & 2) ? s1 : s0, acc[i]);
+    };
+    uint32_t a0[4][4], a1[4][4];
+    unsigned short sc0[2], sc1[2];
+    decode(a0, sc0, 0);
+    for (int kt = 0; kt < nk; kt += 2) {
+      step(a0, sc0, a1, sc1, kt);
+      if (kt + 1 >= nk) break;
+      step(a1, sc1, a0, sc0, kt + 1);
+    }
+    it += nk;
+
+    int t_lo = 0, t_hi = BM;
+    if constexpr (SPLIT) {
+      float* red = reinterpret_cast<float*>(smem);
+      if (splits == 2) split_k_reduce<BM, STAGES, 2, kRow>(acc, red, rank, tid);
+      else if (splits == 4) split_k_reduce<BM, STAGES, 4, kRow>(acc, red, rank, tid);
+      else split_k_reduce<BM, STAGES, 8, kRow>(acc, red, rank, tid);
+      t_lo = rank * (BM / splits), t_hi = t_lo + BM / splits;
+    }
+
+    // The output tile in shared memory as [token][W row]: acc x sx[token] + bias, rounded once, by
+    // stmatrix .trans (csrc/ternary_wgmma.cu's epilogue: d[4j + 2h + e] is token 8j + 2t + e of
+    // W row r0 + 8h), then written a token row at a time.
+    T* out = reinterpret_cast<T*>(smem + S::kOutOff);
+    using T2 = typename MmaTraits<T>::T2;
+    float bv[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int n = n0 + r0 + 8 * h;
+      bv[h] = (bias != nullptr && n < N) ? Vec<T>::to_float(bias[n]) : 0.f;
+    }
+    const int blk_id = lane / 8;
+    const uint32_t row_addr = static_cast<uint32_t>(__cvta_generic_to_shared(
+        out + (8 * (blk_id / 2) + lane % 8) * S::kOutLd + wg * 64 + warp * 16 + 8 * (blk_id % 2)));
+#pragma unroll
+    for (int j = 0; j < BM / 8; j += 2) {  // tokens 8 j .. 8 j + 15
+      if (8 * j < t_lo || 8 * j >= t_hi) continue;
+      float tx[2][2];  // sx of tokens 8 (j + jj) + 2t + e
+#pragma unroll
+      for (int jj = 0; jj < 2; ++jj)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) tx[jj][e] = __ldg(sx + min(m0 + 8 * (j + jj) + 2 * t + e, M - 1));
+      uint32_t r[4];
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {  // block q: tokens 8 (j + q / 2) .., W rows + 8 (q % 2)
+        const int i = 4 * (j + q / 2) + 2 * (q % 2);
+        const T2 v{Vec<T>::from_float(fmaf(acc[i], tx[q / 2][0], bv[q % 2])),
+                   Vec<T>::from_float(fmaf(acc[i + 1], tx[q / 2][1], bv[q % 2]))};
+        r[q] = *reinterpret_cast<const uint32_t*>(&v);
+      }
+      asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(
+                       row_addr + (8 * j - t_lo) * S::kOutLd * (int)sizeof(T)),
+                   "r"(r[0]), "r"(r[1]), "r"(r[2]), "r"(r[3])
+                   : "memory");
+    }
+    mma_sync();
+    store_tile<T, BM, kBN>(out, S::kOutLd, y, min(M, m0 + t_hi), N, m0 + t_lo, n0, tid, kMmaThreads);
+    mma_sync();  // the output tile read: free for the next tile
+  }
+#endif  // other targets: never launched (the host checks for an sm_90 device)
+}
+
+template <typename T, int STAGES, int BM, bool SPLIT>
+cudaError_t prepare_s8_kernel() {
+  static int smem_set[kMaxDevices] = {};
+  return opt_in_shared_memory(ternary_wgmma_s8_kernel<T, STAGES, BM, SPLIT>, S8Shape<STAGES, BM>::kSmemBytes,
+                              smem_set);
+}
+
+long s8_tile_count(int M, int N, int bm) { return (long)((N + kBN - 1) / kBN) * ((M + bm - 1) / bm); }
+
+// CTAs of the BM-token kernel that run at once in clusters of `splits` (<= 0 where not asked)
+template <int BM>
+int s8_cluster_wave(int splits) {
+  constexpr int STAGES = kS8StagesOf<BM>;
+  static int cached[3][kMaxDevices] = {};
+  return per_device(cached[split_slot(splits)], [&](int) {
+    auto kernel = ternary_wgmma_s8_kernel<__nv_bfloat16, STAGES, BM, true>;
+    if (prepare_s8_kernel<__nv_bfloat16, STAGES, BM, true>() != cudaSuccess) return -1;
+    cudaLaunchAttribute attr;
+    const cudaLaunchConfig_t cfg =
+        cluster_launch_config(splits * 64, splits, S8Shape<STAGES, BM>::kSmemBytes, nullptr, attr);
+    int clusters = 0;
+    return cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg) == cudaSuccess && clusters > 0 ? clusters * splits
+                                                                                                   : -1;
+  });
+}
+
+template <typename T, int BM>
+cudaError_t launch_s8_t(const int8_t* xq, const float* sx, const uint8_t* packed, const __half* scale,
+                        const void* bias, void* y, int M, int N, int Kp, int ldp, int lds, int block_size,
+                        int k_offset, int splits, cudaStream_t stream) {
+  constexpr int STAGES = kS8StagesOf<BM>;
+  auto kernel = splits > 1 ? ternary_wgmma_s8_kernel<T, STAGES, BM, true> : ternary_wgmma_s8_kernel<T, STAGES, BM, false>;
+  if (const cudaError_t err = splits > 1 ? prepare_s8_kernel<T, STAGES, BM, true>() : prepare_s8_kernel<T, STAGES, BM, false>();
+      err != cudaSuccess)
+    return err;
+  const auto encode = tensor_map_encoder();
+  if (encode == nullptr) return cudaErrorNotSupported;
+  CUtensorMap x_map, code_map;
+  const cuuint64_t dims[2] = {(cuuint64_t)Kp, (cuuint64_t)M}, strides[1] = {(cuuint64_t)Kp};
+  const cuuint32_t box[2] = {kBK, BM}, unit[2] = {1, 1};
+  if (encode(&x_map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, const_cast<int8_t*>(xq), dims, strides, box, unit,
+             CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+             CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS)
+    return cudaErrorInvalidValue;
+  const cuuint64_t cdims[2] = {(cuuint64_t)ldp, (cuuint64_t)N}, cstrides[1] = {(cuuint64_t)ldp};
+  const cuuint32_t cbox[2] = {kCodeRow, kBN};
+  if (encode(&code_map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, const_cast<uint8_t*>(packed), cdims, cstrides, cbox, unit,
+             CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+             CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS)
+    return cudaErrorInvalidValue;
+  const unsigned grid = splits > 1 ? (unsigned)(s8_tile_count(M, N, BM) * splits)
+                                   : (unsigned)std::min<long>(s8_tile_count(M, N, BM), std::max(sm_count(), 1));
+  cudaLaunchAttribute attr;
+  const cudaLaunchConfig_t cfg = cluster_launch_config(grid, splits, S8Shape<STAGES, BM>::kSmemBytes, stream, attr);
+  return cudaLaunchKernelEx(&cfg, kernel, x_map, code_map, sx, scale, static_cast<const T*>(bias), static_cast<T*>(y),
+                            M, N, Kp, lds, block_size, k_offset, splits);
+}
+
+}  // namespace
+
+// The tiling: 128 tokens a tile above M 64, else 64; splits along K by the same kind of cost
+// model as choose_wgmma_tiling (k-steps a CTA walks x a k-step's time + the exchange), its
+// constants first estimates from the bf16 kernel's fit (a k-step here is 128 weights at twice
+// the tensor rate: ~ the bf16 kernel's 64-weight k-step at 128 tokens).
+constexpr double kS8StepUs[2] = {0.45, 0.55};         // [64, 128 tokens]
+constexpr double kS8SplitUs[3] = {1.84, 3.08, 3.87};  // 2, 4, 8 CTAs
+
+S8Tiling choose_s8_tiling(int M, int N, int K, int k_split) {
+  const int steps = (K + kBK - 1) / kBK;
+  const int bm = M > 64 ? 128 : 64;
+  const long tiles = s8_tile_count(M, N, bm), sms = std::max(sm_count(), 1);
+  if (k_split > steps) return {0, 0};
+  const double step_us = kS8StepUs[bm == 128];
+  S8Tiling best{0, 0};
+  double best_us = 0;
+  for (int s : {1, 2, 4, 8}) {
+    if ((k_split != 0 && k_split != s) || s > steps) continue;
+    double us = 0;
+    if (s == 1) {
+      us = (double)steps * ((tiles + sms - 1) / sms) * step_us;
+    } else {
+      const long wave = bm == 128 ? s8_cluster_wave<128>(s) : s8_cluster_wave<64>(s);
+      if (k_split == 0 && (wave <= 0 || tiles * s > wave)) continue;
+      us = (double)((steps + s - 1) / s) * step_us + kS8SplitUs[split_slot(s)];
+    }
+    if (best.tokens == 0 || us < best_us) best = {bm, s}, best_us = us;
+  }
+  return best;
+}
+
+cudaError_t launch_quantize_s8(bool bf16, const void* x, int8_t* xq, float* sx, int M, int K, int ldq, bool permute,
+                               cudaStream_t stream) {
+  if (M == 0) return cudaSuccess;
+  const dim3 grid(M), block(256);
+  if (bf16) {
+    if (permute) quantize_s8_kernel<__nv_bfloat16, true><<<grid, block, 0, stream>>>(static_cast<const __nv_bfloat16*>(x), xq, sx, K, ldq);
+    else quantize_s8_kernel<__nv_bfloat16, false><<<grid, block, 0, stream>>>(static_cast<const __nv_bfloat16*>(x), xq, sx, K, ldq);
+  } else {
+    if (permute) quantize_s8_kernel<__half, true><<<grid, block, 0, stream>>>(static_cast<const __half*>(x), xq, sx, K, ldq);
+    else quantize_s8_kernel<__half, false><<<grid, block, 0, stream>>>(static_cast<const __half*>(x), xq, sx, K, ldq);
+  }
+  return cudaGetLastError();
+}
+
+cudaError_t launch_wgmma_s8(bool bf16, const int8_t* xq, const float* sx, const uint8_t* packed, const __half* scale,
+                            const void* bias, void* y, int M, int N, int Kp, int ldp, int lds, int block_size,
+                            int k_offset, int k_split, cudaStream_t stream) {
+  if (!wgmma_supported()) return cudaErrorNotSupported;
+  const S8Tiling tiling = choose_s8_tiling(M, N, Kp, k_split);
+  if (tiling.tokens == 0) return cudaErrorInvalidValue;
+#define TERNARY_LAUNCH(T, BM) \
+  launch_s8_t<T, BM>(xq, sx, packed, scale, bias, y, M, N, Kp, ldp, lds, block_size, k_offset, tiling.splits, stream)
+  if (tiling.tokens == 128) return bf16 ? TERNARY_LAUNCH(__nv_bfloat16, 128) : TERNARY_LAUNCH(__half, 128);
+  return bf16 ? TERNARY_LAUNCH(__nv_bfloat16, 64) : TERNARY_LAUNCH(__half, 64);
+#undef TERNARY_LAUNCH
+}
+
+}  // namespace ternary

@@ -1,0 +1,168 @@
+"""The int8-activation (W2A8) mode's CUDA kernels against the mode's reference, on the GPU.
+
+csrc/ternary_wgmma_s8.cu: the per-token quantization (bit-identical to
+activations.quantize_activations_int8), and the s8 wgmma GEMM against the mode's own formula
+(activations.reference_linear_w2a8: exact integer block dots, float64 scale products). The
+kernel's block dots are exact in int32 too, so what differs is its fp32 promotion and sum
+(~1e-7 relative) and the one rounding of the output: bounded by 3e-3 (bf16, ~2^-9 / sqrt(3)
+rms plus room) and 4e-4 (fp16, ~2^-12 / sqrt(3)) relative Frobenius error.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from ternary_plugin import dispatch, ops
+from ternary_plugin import format as fmt
+from ternary_plugin.activations import quantize_activations_int8, reference_linear_w2a8
+
+pytestmark = pytest.mark.gpu
+if not torch.cuda.is_available():
+    pytest.skip("no CUDA device: run on the lent GPU machine (pytest -m gpu)", allow_module_level=True)
+if not ops.op_available() or not hasattr(torch.ops.ternary_serve, "gemm_w2a8_path"):
+    pytest.skip(f"CUDA op not built: {ops._state.get('why')}", allow_module_level=True)
+if torch.cuda.get_device_capability() != (9, 0):
+    pytest.skip("the s8 wgmma kernel runs on sm_90 (Hopper) only", allow_module_level=True)
+ops.ensure_op_registered()
+
+TOL = {torch.bfloat16: 3e-3, torch.float16: 4e-4}
+
+# (M, N, K, k_offset, block_size, reason)
+SHAPES = [
+    (1, 256, 1024, 0, 128, "decode-size M: one 64-token tile, most of it past M"),
+    (7, 200, 202, 0, 128, "K % 4 != 0 (the quantized copy zero-pads K), N ends inside a 128-row tile"),
+    (64, 300, 1000, 0, 128, "the last 64-token tile full, K ends inside a block"),
+    (65, 130, 4096, 0, 128, "one past the 64-token tiles: 128-token tiles"),
+    (129, 1024, 768, 0, 128, "two 128-token tiles, the second nearly empty"),
+    (300, 384, 1536, 0, 128, "MiniLM output.dense at prefill M"),
+    (16, 512, 1216, 128, 256, "block_size 256, a shard starting half way into a block"),
+    (1000, 2048, 3072, 0, 128, "persistent CTAs walking several tiles"),
+    (5, 4096, 12288, 0, 128, "96 scale blocks a row (8B down_proj): scales from global memory"),
+]
+
+
+def _case(m, n, k, k_offset, bs, dtype, seed):
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    values = torch.randint(-1, 2, (n, k), generator=g, dtype=torch.int8)
+    scale = (torch.rand(n, fmt.scale_cols(k, bs, k_offset), generator=g) * 0.1 + 0.01).to(torch.float16)
+    x = (torch.randn(m, k, generator=g) * torch.rand(m, 1, generator=g) * 4).to(dtype)  # rows of different ranges
+    bias = torch.randn(n, generator=g).to(dtype)
+    packed = ops.pad_packed_rows(fmt.pack_ternary(values))
+    return x, packed, scale, bias
+
+
+def _formula(x, packed, scale, bias, bs, k_offset):
+    """The mode's y in float64 (x as float64: the same fp32 quantization, no final rounding)."""
+    return reference_linear_w2a8(x.double(), packed, scale, bias, bs, k_offset)
+
+
+def _poison_allocator(nbytes):
+    """Freed cache blocks filled with NaN, so an element the kernel never wrote shows up."""
+    t = torch.full((nbytes // 2 + 1024,), float("nan"), dtype=torch.float16, device="cuda")
+    del t
+
+
+def _rel(y, ref):
+    return float((y.cpu().double() - ref).norm() / ref.norm())
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("m,k", [(1, 7), (5, 300), (3, 4096), (64, 1024)])
+def test_quantization_is_bit_identical_to_the_reference(m, k, dtype):
+    g = torch.Generator(device="cpu").manual_seed(m + k)
+    x = (torch.randn(m, k, generator=g) * 3).to(dtype)
+    x[0] = 0  # an all-zero row: sx = 1, xq = 0
+    if m > 1:
+        x[1, : k // 2] = 127.5  # a row whose absmax is set by many equal values
+    xq, sx = torch.ops.ternary_serve.quantize_int8(x.cuda())
+    ref_q, ref_s = quantize_activations_int8(x)
+    assert xq.dtype == torch.int8 and sx.dtype == torch.float32
+    assert torch.equal(sx.cpu(), ref_s), "per-token scales differ"
+    assert torch.equal(xq.cpu(), ref_q), "quantized activations differ"
+
+
+@pytest.mark.parametrize("with_bias", [False, True])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("m,n,k,k_offset,bs,reason", SHAPES, ids=[s[-1] for s in SHAPES])
+def test_s8_kernel_matches_the_mode_formula(m, n, k, k_offset, bs, reason, dtype, with_bias):
+    x, packed, scale, bias = _case(m, n, k, k_offset, bs, dtype, seed=m * 1000 + n + k)
+    b = bias if with_bias else None
+    _poison_allocator(m * n * 2)
+    y = torch.ops.ternary_serve.gemm_w2a8_path(x.cuda(), packed.cuda(), scale.cuda(), None if b is None else b.cuda(),
+                                                bs, k_offset)
+    torch.cuda.synchronize()
+    assert y.shape == (m, n) and y.dtype == dtype
+    assert bool(torch.isfinite(y).all()), f"{reason}: unwritten (NaN-poisoned) or non-finite output"
+    rel = _rel(y, _formula(x, packed, scale, b, bs, k_offset))
+    assert rel < TOL[dtype], f"{reason}: relative error {rel:.2e} against the W2A8 formula"
+
+
+@pytest.mark.parametrize("k_split", [1, 2, 4, 8])
+@pytest.mark.parametrize("m", [64, 200])
+def test_every_split_along_k_matches(m, k_split):
+    x, packed, scale, bias = _case(m, 1024, 4096, 0, 128, torch.bfloat16, seed=k_split + m)
+    _poison_allocator(m * 1024 * 2)
+    y = torch.ops.ternary_serve.gemm_w2a8_path(x.cuda(), packed.cuda(), scale.cuda(), bias.cuda(), 128, 0,
+                                                k_split=k_split)
+    torch.cuda.synchronize()
+    assert bool(torch.isfinite(y).all()), f"k_split {k_split}: unwritten output"
+    rel = _rel(y, _formula(x, packed, scale, bias, 128, 0))
+    assert rel < TOL[torch.bfloat16], f"k_split {k_split}: relative error {rel:.2e}"
+
+
+def test_the_op_plans_our_kernel_on_hopper_and_graphs_replay_it_exactly():
+    """gemm_w2a8 on a ternary-layout layer takes the s8 kernel (band Q1) with its auto tiling, and a
+    CUDA graph of it (as vLLM captures) replays the eager result bit for bit (no atomics: the split
+    reduction adds in rank order)."""
+    x, packed, scale, bias = _case(48, 2048, 1024, 0, 128, torch.bfloat16, seed=5)
+    x, packed, scale, bias = x.cuda(), packed.cuda(), scale.cuda(), bias.cuda()
+    assert ops.cuda_plan(x, packed, 128, 0, w2a8=True).band == "Q1"
+    eager = torch.ops.ternary_serve.gemm_w2a8(x, packed, scale, bias, 128, 0)
+    assert torch.equal(eager, torch.ops.ternary_serve.gemm_w2a8_path(x, packed, scale, bias, 128, 0))
+    static_x = x.clone()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        torch.ops.ternary_serve.gemm_w2a8(static_x, packed, scale, bias, 128, 0)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = torch.ops.ternary_serve.gemm_w2a8(static_x, packed, scale, bias, 128, 0)
+    fresh = torch.randn_like(x)
+    static_x.copy_(fresh)
+    out.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, torch.ops.ternary_serve.gemm_w2a8(fresh, packed, scale, bias, 128, 0))
+
+
+def test_the_layer_call_routes_to_the_kernel():
+    from ternary_plugin.activations import ternary_linear_w2a8
+
+    x, packed, scale, bias = _case(33, 256, 512, 0, 128, torch.float16, seed=9)
+    x, packed, scale, bias = x.cuda(), packed.cuda(), scale.cuda(), bias.cuda()
+    assert torch.equal(ternary_linear_w2a8(x, packed, scale, bias, 128, 0),
+                       torch.ops.ternary_serve.gemm_w2a8_path(x, packed, scale, bias, 128, 0))
+    # off the kernel's 128-weight k-steps the plan is the reference (band QR), still correct
+    x2, packed2, scale2, _ = _case(3, 96, 502, 64, 128, torch.bfloat16, seed=3)
+    assert ops.cuda_plan(x2.cuda(), packed2.cuda(), 128, 64, w2a8=True).backend == "reference"
+    y2 = ternary_linear_w2a8(x2.cuda(), packed2.cuda(), scale2.cuda(), None, 128, 64)
+    # the reference on the GPU against the same reference on the CPU: float64 sums in other orders
+    assert _rel(y2, _formula(x2, packed2, scale2, None, 128, 64)) < TOL[torch.bfloat16]
+
+
+def test_bad_inputs_name_what_is_wrong():
+    x, packed, scale, _ = _case(4, 64, 256, 0, 128, torch.bfloat16, seed=1)
+    x, packed, scale = x.cuda(), packed.cuda(), scale.cuda()
+    with pytest.raises(RuntimeError, match="block_size and k_offset multiples of 128"):
+        torch.ops.ternary_serve.gemm_w2a8_path(x, packed, torch.cat([scale, scale], 1), None, 128, 64)
+    x250, packed250, scale250, _ = _case(4, 64, 250, 0, 128, torch.bfloat16, seed=2)  # 63 bytes a row, padded to 64
+    with pytest.raises(RuntimeError, match="padded to 16 bytes"):
+        torch.ops.ternary_serve.gemm_w2a8_path(x250.cuda(), packed250[:, :63].contiguous().cuda(), scale250.cuda(),
+                                                None, 128, 0)
+    with pytest.raises(RuntimeError, match="k_split must be 0"):
+        torch.ops.ternary_serve.gemm_w2a8_path(x, packed, scale, None, 128, 0, k_split=3)
+    with pytest.raises(RuntimeError, match="x must be a contiguous 2-D bf16 or fp16"):
+        torch.ops.ternary_serve.gemm_w2a8_path(x.float(), packed, scale, None, 128, 0)
+    assert dispatch.S8_STEP_K == 128
