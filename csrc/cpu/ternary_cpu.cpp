@@ -227,12 +227,28 @@ void check_w8_x(const torch::Tensor& x, const char* op) {
 }
 
 #ifdef TERNARY_CPU_KERNELS
-// x [M, K] float -> xq [M, ldq] int8 (zero past K) and sx [M] fp32, rows spread over the threads.
-void quantize_rows(const torch::Tensor& xf, int8_t* q, int64_t ldq, float* sx) {
-  const int64_t M = xf.size(0), K = xf.size(1);
-  const float* xp = xf.data_ptr<float>();
-  at::parallel_for(0, M, 16, [&](int64_t m0, int64_t m1) {
-    for (int64_t m = m0; m < m1; ++m) sx[m] = w8_quantize_row(xp + m * K, K, q + m * ldq);
+// x [M, K] (contiguous, fp32 / bf16 / fp16) -> sx [M] fp32 and either xq [M, K] int8 (q) or,
+// with a plan, xq by entries (xe [M, E, width], negsum [M, S]): one parallel region, each row
+// widened and quantized in this thread's scratch. One region, not a chain of ATen ops (x.to,
+// zeros, ...) each its own: on the shared 2-core machine every region waits whenever another
+// process holds a core, and the chain made 2-thread calls 3-6x slower than torch's matmul.
+void quantize_rows(const torch::Tensor& x, float* sx, int8_t* q, const W8Plan* plan, int8_t* xe, int32_t* negsum) {
+  const int64_t M = x.size(0), K = x.size(1), esz = x.element_size();
+  const int kind = x.scalar_type() == at::kFloat ? 0 : x.scalar_type() == at::kBFloat16 ? 1 : 2;
+  const char* xp = static_cast<const char*>(x.data_ptr());
+  const int64_t ldq = (K + kW8Chunk - 1) / kW8Chunk * kW8Chunk;  // w8_entries_row reads whole chunks
+  // threads only past ~256K elements (~0.2 ms on one Zen 4 core): below that a region's wake-up
+  // and its wait for a shared core cost more than the work
+  const int64_t grain = std::max<int64_t>(16, (int64_t{1} << 18) / std::max<int64_t>(K, 1));
+  at::parallel_for(0, M, grain, [&](int64_t m0, int64_t m1) {
+    std::vector<float> xf(K);
+    std::vector<int8_t> qrow(plan ? ldq : 0, 0);  // zero past K: w8_quantize_row writes [0, K)
+    for (int64_t m = m0; m < m1; ++m) {
+      w8_widen_row(xp + m * K * esz, kind, K, xf.data());
+      int8_t* qm = plan ? qrow.data() : q + m * K;
+      sx[m] = w8_quantize_row(xf.data(), K, qm);
+      if (plan) w8_entries_row(*plan, qm, xe + m * plan->entry_chunk.size() * plan->width, negsum + m * plan->segments.size());
+    }
   });
 }
 #endif
@@ -249,7 +265,7 @@ std::tuple<torch::Tensor, torch::Tensor> quantize_int8_cpu(const torch::Tensor& 
     sx.fill_(std::numeric_limits<float>::quiet_NaN());
   }
 #ifdef TERNARY_CPU_KERNELS
-  if (M > 0) quantize_rows(x.to(at::kFloat).contiguous(), xq.data_ptr<int8_t>(), K, sx.data_ptr<float>());
+  if (M > 0) quantize_rows(x.contiguous(), sx.data_ptr<float>(), xq.data_ptr<int8_t>(), nullptr, nullptr, nullptr);
 #endif
   return {xq, sx};
 }
@@ -302,18 +318,11 @@ torch::Tensor gemm_w2a8_cpu(const torch::Tensor& x,                   // [M, K] 
     tail.narrow(0, 0, N - tail_from).narrow(1, 0, std::min(ldp, row_bytes))
         .copy_(packed.narrow(0, tail_from, N - tail_from).narrow(1, 0, std::min(ldp, row_bytes)));
 
-  // x quantized (natural order, zero past K), then by entries
-  const int64_t ldq = 4 * row_bytes;
-  const auto q = torch::zeros({M, ldq}, x.options().dtype(at::kChar));  // [M, ldq] int8
-  const auto sx = torch::empty({M}, x.options().dtype(at::kFloat));     // [M] fp32
-  quantize_rows(x.to(at::kFloat).contiguous(), q.data_ptr<int8_t>(), ldq, sx.data_ptr<float>());
-  const auto xe = torch::empty({M, E * plan.width}, q.options());              // [M, E, width] int8
-  const auto negsum = torch::empty({M, S}, x.options().dtype(at::kInt));       // [M, S] int32
-  at::parallel_for(0, M, 16, [&](int64_t m0, int64_t m1) {
-    for (int64_t m = m0; m < m1; ++m)
-      w8_entries_row(plan, q.data_ptr<int8_t>() + m * ldq, xe.data_ptr<int8_t>() + m * E * plan.width,
-                     negsum.data_ptr<int32_t>() + m * S);
-  });
+  // x quantized by entries
+  const auto sx = torch::empty({M}, x.options().dtype(at::kFloat));              // [M] fp32
+  const auto xe = torch::empty({M, E * plan.width}, x.options().dtype(at::kChar));  // [M, E, width] int8
+  const auto negsum = torch::empty({M, S}, x.options().dtype(at::kInt));           // [M, S] int32
+  quantize_rows(x.contiguous(), sx.data_ptr<float>(), nullptr, &plan, xe.data_ptr<int8_t>(), negsum.data_ptr<int32_t>());
   const W8Problem p{M,
                     N,
                     packed.data_ptr<uint8_t>(),
@@ -334,12 +343,24 @@ torch::Tensor gemm_w2a8_cpu(const torch::Tensor& x,                   // [M, K] 
   if (poison_outputs()) yf.fill_(std::numeric_limits<float>::quiet_NaN());
   float* yp = yf.data_ptr<float>();
   const int64_t threads = at::get_num_threads();
+  // y's columns [n0, n1) in x's dtype, by the thread that computed them (no region of its own)
+  auto finish = [&](int64_t n0, int64_t n1) {
+    if (dt == at::kFloat) return;
+    const at::AutoDispatchBelowADInplaceOrView below_autograd;  // worker threads: fresh dispatch state
+    y.narrow(1, n0, n1 - n0).copy_(yf.narrow(1, n0, n1 - n0));
+  };
   if (small) {
-    at::parallel_for(0, (N + 3) / 4, 1, [&](int64_t t0, int64_t t1) { w8_rows_decode(p, 4 * t0, std::min(N, 4 * t1), yp); });
+    at::parallel_for(0, (N + 3) / 4, 1, [&](int64_t t0, int64_t t1) {
+      w8_rows_decode(p, 4 * t0, std::min(N, 4 * t1), yp);
+      finish(4 * t0, std::min(N, 4 * t1));
+    });
   } else {
-    // tiles of <= kW8TileBytes, at least one a thread
     // tiles of <= kW8TileBytes in multiples of 32 rows (the register block), >= one a thread
-    const int64_t rows = std::min(w8_tile_rows(K, kW8TileBytes), ((N + threads - 1) / threads + 31) / 32 * 32);
+    // as many tiles as fit, rounded up to a multiple of the threads (at::parallel_for gives each
+    // thread a contiguous run: 3 tiles on 2 threads left one thread a third of the work)
+    const int64_t fit = w8_tile_rows(K, kW8TileBytes);
+    const int64_t want = ((N + fit - 1) / fit + threads - 1) / threads * threads;
+    const int64_t rows = ((N + want - 1) / want + 31) / 32 * 32;
     const int64_t tiles = (N + rows - 1) / rows;
     at::parallel_for(0, tiles, 1, [&](int64_t t0, int64_t t1) {
       // 64-byte aligned (zmm loads; the tile's rows are multiples of 64 bytes): torch's CPU
@@ -348,9 +369,9 @@ torch::Tensor gemm_w2a8_cpu(const torch::Tensor& x,                   // [M, K] 
       const auto ws_tile = torch::empty({rows / 16, S, 16}, x.options().dtype(at::kFloat));  // fp32 scales
       for (int64_t t = t0; t < t1; ++t)
         w8_rows_tile(p, t * rows, std::min(N, (t + 1) * rows), tile.data_ptr<uint8_t>(), ws_tile.data_ptr<float>(), yp);
+      finish(t0 * rows, std::min(N, t1 * rows));
     });
   }
-  if (dt != at::kFloat) y.copy_(yf);
   return y;
 #else
   CHECK_W8(false, "the CPU kernel is built for x86-64 only");

@@ -103,6 +103,8 @@ struct W8Problem {
 // bit for bit activations.quantize_activations_int8 (IEEE division, not a reciprocal).
 //   q: [K] int8. Returns sx.
 float w8_quantize_row(const float* x, int64_t K, int8_t* q);
+// Row of x in its dtype (bits: fp32, bf16 or fp16, `kind` 0 / 1 / 2) widened to fp32 [K]: exact.
+void w8_widen_row(const void* x, int kind, int64_t K, float* out);
 // One row's xq (q: [64 * ceil(K/64)] int8, zero past K) by entries: xe_row [E, width] int8 (width
 // 64: its lanes permuted as the decoder's, ternary_cpu_w2a8.cpp), and negsum_row [S] int32.
 void w8_entries_row(const W8Plan& plan, const int8_t* q, int8_t* xe_row, int32_t* negsum_row);

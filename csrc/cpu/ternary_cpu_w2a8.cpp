@@ -189,6 +189,21 @@ TERNARY_VNNI float w8_quantize_row(const float* x, int64_t K, int8_t* q) {
   return sx;
 }
 
+TERNARY_VNNI void w8_widen_row(const void* x, int kind, int64_t K, float* out) {
+  for (int64_t k = 0; k < K; k += 16) {
+    const __mmask16 m = K - k >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (K - k)) - 1);
+    __m512 v;
+    if (kind == 0) {
+      v = _mm512_maskz_loadu_ps(m, static_cast<const float*>(x) + k);
+    } else {
+      const __m256i h = _mm256_maskz_loadu_epi16(m, static_cast<const uint16_t*>(x) + k);
+      v = kind == 1 ? _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16))  // bf16: the high half
+                    : _mm512_cvtph_ps(h);
+    }
+    _mm512_mask_storeu_ps(out + k, m, v);
+  }
+}
+
 TERNARY_VNNI void w8_entries_row(const W8Plan& plan, const int8_t* q, int8_t* xe_row, int32_t* negsum_row) {
   alignas(64) static const uint8_t kPerm[64] = {
       // byte 16q + j takes column 4j + q (the decoder's order)
@@ -201,15 +216,22 @@ TERNARY_VNNI void w8_entries_row(const W8Plan& plan, const int8_t* q, int8_t* xe
     int32_t total = 0;
     for (int64_t j = seg.j0; j < seg.j1; ++j) total += q[j];
     negsum_row[s] = -total;
+    if (plan.width != kW8Chunk) {
+      // width 4, in column order (the tile kernel broadcasts an entry's 4 bytes): the segment's
+      // chunks are consecutive columns, then the columns outside it in its first and last
+      // entry zeroed
+      const int64_t c0 = plan.entry_chunk[seg.e0], n = seg.e1 - seg.e0;
+      int8_t* dst = xe_row + seg.e0 * 4;
+      std::memcpy(dst, q + c0 * 4, n * 4);
+      for (int64_t j = c0 * 4; j < seg.j0; ++j) dst[j - c0 * 4] = 0;
+      for (int64_t j = seg.j1; j < (c0 + n) * 4; ++j) dst[j - c0 * 4] = 0;
+      continue;
+    }
     for (int64_t e = seg.e0; e < seg.e1; ++e) {
-      const int64_t base = plan.entry_chunk[e] * plan.width;
-      const int64_t lo = std::max<int64_t>(seg.j0 - base, 0), hi = std::min<int64_t>(seg.j1 - base, plan.width);
+      const int64_t base = plan.entry_chunk[e] * kW8Chunk;
+      const int64_t lo = std::max<int64_t>(seg.j0 - base, 0), hi = std::min<int64_t>(seg.j1 - base, kW8Chunk);
       const __mmask64 lanes = (hi == 64 ? ~0ull : (1ull << hi) - 1) & (~0ull << lo);
-      if (plan.width == kW8Chunk) {
-        _mm512_store_si512(xe_row + e * kW8Chunk, _mm512_permutexvar_epi8(perm, _mm512_maskz_loadu_epi8(lanes, q + base)));
-      } else {  // width 4: the tile kernel broadcasts these 4 bytes, in column order
-        for (int64_t t = 0; t < 4; ++t) xe_row[e * 4 + t] = (lanes >> t) & 1 ? q[base + t] : 0;
-      }
+      _mm512_store_si512(xe_row + e * kW8Chunk, _mm512_permutexvar_epi8(perm, _mm512_maskz_loadu_epi8(lanes, q + base)));
     }
   }
 }
