@@ -302,12 +302,12 @@ TERNARY_VNNI void w8_tile_block(const W8Problem& p, const uint8_t* tile, int64_t
 
 template <int NV>
 TERNARY_VNNI void w8_tile_all_m(const W8Problem& p, const uint8_t* tile, int64_t ldg, const float* ws, int64_t n0,
-                                int64_t valid, float* y) {
-  int64_t m0 = 0;
+                                int64_t valid, int64_t m_begin, int64_t m_end, float* y) {
+  int64_t m0 = m_begin;
   // 2 x 16 W rows and 6 x rows: 12 int32 accumulators, 12 fp32 sums, 2 weight vectors and an x
   // broadcast in the 32 zmm; 12 vpdpbusd for 2 weight loads and 6 broadcasts
-  for (; m0 + 6 <= p.M; m0 += 6) w8_tile_block<NV, 6>(p, tile, ldg, ws, m0, n0, valid, y);
-  switch (p.M - m0) {
+  for (; m0 + 6 <= m_end; m0 += 6) w8_tile_block<NV, 6>(p, tile, ldg, ws, m0, n0, valid, y);
+  switch (m_end - m0) {
     case 5: w8_tile_block<NV, 5>(p, tile, ldg, ws, m0, n0, valid, y); break;
     case 4: w8_tile_block<NV, 4>(p, tile, ldg, ws, m0, n0, valid, y); break;
     case 3: w8_tile_block<NV, 3>(p, tile, ldg, ws, m0, n0, valid, y); break;
@@ -382,12 +382,20 @@ TERNARY_VNNI void w8_rows_tile(const W8Problem& p, int64_t n0, int64_t n1, uint8
         ws_tile[(g * p.S + s) * 16 + r] =
             16 * g + r < rows ? half_to_float(p.scale[(n0 + 16 * g + r) * p.lds + plan.segments[s].block]) : 0.f;
   }
-  // 2 groups (32 W rows) a register block, x rows inside: a block's x rows (6 K bytes) stay in
-  // L1 while its 2 groups of the tile (32 K bytes) come from L2
-  for (int64_t g = 0; g < groups; g += 2) {
-    const int64_t valid = std::min<int64_t>(32, rows - 16 * g);
-    if (g + 1 < groups) w8_tile_all_m<2>(p, tile + g * ldg, ldg, ws_tile + g * p.S * 16, n0 + 16 * g, valid, y);
-    else w8_tile_all_m<1>(p, tile + g * ldg, ldg, ws_tile + g * p.S * 16, n0 + 16 * g, valid, y);
+  // x rows in blocks of <= kXBlockBytes (L2, beside the tile), then 2 groups (32 W rows) a
+  // register block, the block's x rows 6 at a time inside: without the blocks every pair of
+  // groups streamed all of x from L3 (M 2048, K 1024: 2 MB a pair), and M 2048 ran below M 512
+  constexpr int64_t kXBlockBytes = 256 * 1024;
+  const int64_t mb = std::max<int64_t>(6, kXBlockBytes / std::max<int64_t>(p.E * 4, 1) / 6 * 6);
+  for (int64_t m_begin = 0; m_begin < p.M; m_begin += mb) {
+    const int64_t m_end = std::min(p.M, m_begin + mb);
+    for (int64_t g = 0; g < groups; g += 2) {
+      const int64_t valid = std::min<int64_t>(32, rows - 16 * g);
+      if (g + 1 < groups)
+        w8_tile_all_m<2>(p, tile + g * ldg, ldg, ws_tile + g * p.S * 16, n0 + 16 * g, valid, m_begin, m_end, y);
+      else
+        w8_tile_all_m<1>(p, tile + g * ldg, ldg, ws_tile + g * p.S * 16, n0 + 16 * g, valid, m_begin, m_end, y);
+    }
   }
 }
 
