@@ -32,7 +32,11 @@ import torch
 
 from ternary_plugin import format as fmt
 from ternary_plugin import ops
-from ternary_plugin.activations import quantize_activations_int8, reference_linear_w2a8, ternary_linear_w2a8
+from ternary_plugin.activations import (
+    quantize_activations_int8,
+    reference_linear_w2a8,
+    ternary_linear_w2a8,
+)
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -204,7 +208,8 @@ def test_integer_case_is_exact(m):
 
 def _run_subprocess(code: str, **env) -> subprocess.CompletedProcess:
     full_env = {**os.environ, "PYTHONPATH": str(REPO), **env}
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=full_env, timeout=300)
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=full_env, timeout=300,
+                          check=False)
 
 
 def _check_shapes_here() -> None:
@@ -230,22 +235,22 @@ def test_both_regimes_poisoned(small_m_max):
 
 
 def _ok():
-    return dict(x=torch.randn(2, 10), packed=torch.zeros(5, 3, dtype=torch.uint8),
-                scale=torch.ones(5, 1, dtype=torch.float16), bias=None, block_size=128, k_offset=0)
+    return {"x": torch.randn(2, 10), "packed": torch.zeros(5, 3, dtype=torch.uint8),
+            "scale": torch.ones(5, 1, dtype=torch.float16), "bias": None, "block_size": 128, "k_offset": 0}
 
 
 BAD_ARGS = [
-    ("x 1-D", dict(x=torch.randn(10)), r"gemm_w2a8: x must be 2-D \[M, K\], got shape \[10\]"),
-    ("x int", dict(x=torch.ones(2, 10, dtype=torch.int32)), r"x must be float32, bfloat16 or float16, got Int"),
-    ("packed fp32", dict(packed=torch.zeros(5, 3)), r"packed must be a 2-D uint8 tensor .* got Float of shape \[5, 3\]"),
-    ("packed narrow", dict(packed=torch.zeros(5, 2, dtype=torch.uint8)),
+    ("x 1-D", {"x": torch.randn(10)}, r"gemm_w2a8: x must be 2-D \[M, K\], got shape \[10\]"),
+    ("x int", {"x": torch.ones(2, 10, dtype=torch.int32)}, r"x must be float32, bfloat16 or float16, got Int"),
+    ("packed fp32", {"packed": torch.zeros(5, 3)}, r"packed must be a 2-D uint8 tensor .* got Float of shape \[5, 3\]"),
+    ("packed narrow", {"packed": torch.zeros(5, 2, dtype=torch.uint8)},
      r"packed has shape \[5, 2\]: 2 bytes a row, needs ceil\(K/4\) = 3 for K=10"),
-    ("scale fp32", dict(scale=torch.ones(5, 1)), r"scale must be a 2-D float16 tensor .* got Float"),
-    ("scale blocks", dict(scale=torch.ones(5, 1, dtype=torch.float16), k_offset=120),
+    ("scale fp32", {"scale": torch.ones(5, 1)}, r"scale must be a 2-D float16 tensor .* got Float"),
+    ("scale blocks", {"scale": torch.ones(5, 1, dtype=torch.float16), "k_offset": 120},
      r"scale has shape \[5, 1\], needs \[N=5, >= 2\] for K=10, block_size=128, k_offset=120"),
-    ("k_offset", dict(k_offset=128), r"k_offset must be in \[0, block_size=128\), got 128"),
-    ("block_size", dict(block_size=0), r"block_size must be positive, got 0"),
-    ("bias dtype", dict(bias=torch.zeros(5, dtype=torch.bfloat16)), r"bias must be .*\[N=5\] .* got BFloat16"),
+    ("k_offset", {"k_offset": 128}, r"k_offset must be in \[0, block_size=128\), got 128"),
+    ("block_size", {"block_size": 0}, r"block_size must be positive, got 0"),
+    ("bias dtype", {"bias": torch.zeros(5, dtype=torch.bfloat16)}, r"bias must be .*\[N=5\] .* got BFloat16"),
 ]
 
 
