@@ -20,6 +20,9 @@
 //
 // The CPU without the kernel's instructions (cpu_kernel_isa() == "") is told so by the op; the
 // plugin (ternary_plugin/ops.py) asks first and takes the reference there.
+//
+// Below gemm: gemm_w2a8 and quantize_int8 on CPU, the int8-activation mode (their kernel and
+// its tiling: ternary_cpu_w2a8.cpp; asked first through cpu_w2a8_isa()).
 
 #include <ATen/Parallel.h>
 #include <torch/library.h>
