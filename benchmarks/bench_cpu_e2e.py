@@ -2,7 +2,11 @@
 original of the same weights, MiniLM and a Qwen3-Embedding-0.6B-shaped model, 32-token inputs at
 batch 1 / 16 / 512.
 
-    python benchmarks/bench_cpu_e2e.py [--out benchmarks/results] [--models minilm qwen3]
+    python benchmarks/bench_cpu_e2e.py [--out benchmarks/results] [--models minilm qwen3] [--w2a8]
+
+--w2a8 adds the ternary checkpoint in the int8-activation mode (activation_dtype int8 through
+hf_overrides; the CPU's AVX512-VNNI kernel), variant "ternary_w2a8"; its cosine is against the
+float-activation transformers reference, so it includes the mode's own cost.
 
 Each engine runs in its own process (bench_e2e.py offline --cpu; its log beside the models, in
 .e2e/cpu/), one after another. The Qwen3-shaped model has random weights (ternary_plugin.synthetic),
@@ -62,12 +66,14 @@ def models(which: list[str]) -> dict[str, tuple[Path, Path]]:
     return out
 
 
-def run_engine(model: Path, label: str, reference: bool) -> dict:
+def run_engine(model: Path, label: str, reference: bool, hf_overrides: dict | None = None) -> dict:
     out = WORK / f"offline-{label}.json"
     log = WORK / f"offline-{label}.log"
     cmd = [sys.executable, str(REPO / "benchmarks" / "bench_e2e.py"), "offline", str(model), label, str(out), "--cpu"]
     if reference:
         cmd.append("--reference")
+    if hf_overrides:
+        cmd += ["--hf-overrides", json.dumps(hf_overrides)]
     import os
 
     from ternary_plugin import envs
@@ -87,14 +93,17 @@ def run_engine(model: Path, label: str, reference: bool) -> dict:
 def markdown(result: dict) -> str:
     c = result["cpu"]
     lines = [f"# End to end on CPU: {c.get('model_name', '?')}, {c['cores']} cores", "",
-             f"Flags: {' '.join(c.get('flags', []))}. vLLM-CPU offline (bench_e2e.py offline --cpu), bf16 activations, "
+             f"Flags: {' '.join(c.get('flags', []))}. vLLM-CPU offline (bench_e2e.py offline --cpu), bf16 activations "
+             "(ternary_w2a8: the same checkpoint with activation_dtype int8, the AVX512-VNNI kernel), "
              f"32-token random-id inputs, embeddings/s = median of timed llm.embed calls. Command: `{result['command']}`.",
              *([f"Conditions: {result['conditions']}"] if result.get("conditions") else []), "",
              "| model | variant | batch 1 | batch 16 | batch 512 | 16-token p50 ms | engine start s | cosine vs reference |",
              "|---|---|---|---|---|---|---|---|"]
     for name, entry in result["models"].items():
-        for variant in ("bf16", "ternary"):
+        for variant in VARIANTS:
             r = entry.get(variant)
+            if r is None and variant == "ternary_w2a8":
+                continue
             if r is None:
                 lines.append(f"| {name} | {variant} | not measured: {entry.get('missing', '')} | | | | | |")
                 continue
@@ -103,15 +112,20 @@ def markdown(result: dict) -> str:
             lines.append(f"| {name} | {variant} | {eps.get(1)} | {eps.get(16)} | {eps.get(512)} | "
                          f"{r['latency_16tok_ms']['p50']} | {r['engine_start_s']} | "
                          f"{', '.join(map(str, cos)) if cos else '-'} |")
-        ratios = entry.get("ternary_over_bf16")
-        if ratios:
-            lines.append(f"| {name} | ternary / bf16 | {ratios.get('1')}x | {ratios.get('16')}x | {ratios.get('512')}x | | | |")
+        for variant in VARIANTS[1:]:
+            ratios = entry.get(f"{variant}_over_bf16")
+            if ratios:
+                lines.append(f"| {name} | {variant} / bf16 | {ratios.get('1')}x | {ratios.get('16')}x | "
+                             f"{ratios.get('512')}x | | | |")
     return "\n".join(lines) + "\n"
 
 
-def _ratios(entry: dict) -> dict:
-    per = {v: {t["batch"]: t["inputs_per_s"] for t in entry[v]["throughput"]} for v in ("bf16", "ternary")}
-    return {str(b): round(per["ternary"][b] / per["bf16"][b], 3) for b in per["bf16"]}
+VARIANTS = ("bf16", "ternary", "ternary_w2a8")
+
+
+def _ratios(entry: dict, variant: str = "ternary") -> dict:
+    per = {v: {t["batch"]: t["inputs_per_s"] for t in entry[v]["throughput"]} for v in ("bf16", variant)}
+    return {str(b): round(per[variant][b] / per["bf16"][b], 3) for b in per["bf16"]}
 
 
 def report(args) -> int:
@@ -143,6 +157,7 @@ def main(argv=None) -> int:
     ap.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results")
     ap.add_argument("--models", nargs="+", default=["minilm", "qwen3"], choices=["minilm", "qwen3"])
     ap.add_argument("--conditions", default="", help="what else ran on the machine, for the report")
+    ap.add_argument("--w2a8", action="store_true", help="also the ternary checkpoint in the W2A8 mode")
     ap.add_argument("--report", action="store_true",
                     help="write cpu-e2e.* from the engines' JSON already in .e2e/cpu/ (a run cut short)")
     args = ap.parse_args(argv)
@@ -152,10 +167,16 @@ def main(argv=None) -> int:
     from importlib.metadata import version
 
     result = {"cpu": cpu_info(), "command": "python benchmarks/bench_cpu_e2e.py " + " ".join(argv or sys.argv[1:]),
+              "conditions": args.conditions,
               "versions": {p: version(p) for p in ("vllm-cpu", "torch", "transformers")}, "models": {}}
     for name, (src, dst) in models(args.models).items():
         entry = {"bf16": run_engine(src, f"{name}-bf16", False), "ternary": run_engine(dst, f"{name}-ternary", True)}
         entry["ternary_over_bf16"] = _ratios(entry)
+        if args.w2a8:
+            from ternary_plugin.activations import activation_overrides
+
+            entry["ternary_w2a8"] = run_engine(dst, f"{name}-ternary-w2a8", True, activation_overrides(dst, "int8"))
+            entry["ternary_w2a8_over_bf16"] = _ratios(entry, "ternary_w2a8")
         result["models"][name] = entry
         print(name, entry["ternary_over_bf16"], flush=True)
     args.out.mkdir(parents=True, exist_ok=True)

@@ -1,5 +1,6 @@
-"""Time the CPU kernel (torch.ops.ternary_serve.gemm on CPU) against torch's bf16 and fp32
-matmul (oneDNN / MKL) on the dequantized weight.
+"""Time the CPU kernel (torch.ops.ternary_serve.gemm on CPU) and the W2A8 mode's CPU kernel
+(torch.ops.ternary_serve.gemm_w2a8: x quantized to int8 per token inside the op) against torch's
+bf16 and fp32 matmul (oneDNN / MKL) on the dequantized weight.
 
     python benchmarks/bench_cpu_kernel.py [--ms 1 4 16 ...] [--threads 1 2] [--out benchmarks/results]
 
@@ -35,6 +36,7 @@ sys.path.insert(0, str(REPO))
 
 from ternary_plugin import format as fmt  # noqa: E402
 from ternary_plugin import ops  # noqa: E402
+from ternary_plugin.activations import reference_linear_w2a8  # noqa: E402
 
 # (model, layer, K, N): MiniLM hidden 384, intermediate 1536; Qwen3-Embedding-0.6B hidden 1024,
 # 16 q / 8 kv heads of 128, intermediate 3072 (qkv N = 2048 + 1024 + 1024, gate_up 2 x 3072).
@@ -84,7 +86,7 @@ def time_interleaved(fns: dict, n_copies: int, min_seconds: float, min_reps: int
     return {name: (statistics.median(v) * 1e3, min(v) * 1e3) for name, v in times.items()}
 
 
-def bench_layer(model, layer, k, n, ms, threads, min_seconds, min_reps) -> list[dict]:
+def bench_layer(model, layer, k, n, ms, threads, min_seconds, min_reps, w2a8=True) -> list[dict]:
     g = torch.Generator().manual_seed(hash((model, layer)) & 0xFFFF)
     copies = max(2, min(256, -(-COPIES_BYTES // (2 * k * n))))
     packed, scale = fmt.quantize_ternary(torch.randn(n, k, generator=g))
@@ -103,6 +105,11 @@ def bench_layer(model, layer, k, n, ms, threads, min_seconds, min_reps) -> list[
             y = torch.ops.ternary_serve.gemm(xd, packed, scale, None, 128, 0).double()
             err = float((y - (xd.double() @ w32.double().t())).norm() / max(float(ref.norm()), 1e-30))
             assert err < (1e-2 if name == "bf16" else 1e-5), f"{model} {layer} M={m} {name}: error {err:.3g}"
+            if w2a8:  # against the mode's float64 reference (the same int8 activations)
+                y8 = torch.ops.ternary_serve.gemm_w2a8(xd, packed, scale, None, 128, 0).double()
+                ref8 = reference_linear_w2a8(xd.double(), packed, scale, None, 128)
+                err = float((y8 - ref8).norm() / max(float(ref8.norm()), 1e-30))
+                assert err < (1e-2 if name == "bf16" else 1e-5), f"{model} {layer} M={m} w2a8 {name}: error {err:.3g}"
         for t in threads:
             torch.set_num_threads(t)
             ms_ = time_interleaved({
@@ -110,6 +117,9 @@ def bench_layer(model, layer, k, n, ms, threads, min_seconds, min_reps) -> list[
                 "fp32": lambda i: x["fp32"] @ w_fp32[i].t(),
                 **{f"tern_{name}": (lambda i, xd=xd: torch.ops.ternary_serve.gemm(xd, packs[i], scales[i], None, 128, 0))
                    for name, xd in x.items()},
+                **{f"w2a8_{name}": (lambda i, xd=xd: torch.ops.ternary_serve.gemm_w2a8(xd, packs[i], scales[i], None,
+                                                                                        128, 0))
+                   for name, xd in (x.items() if w2a8 else ())},
             }, copies, min_seconds, min_reps)
             bf16_ms, fp32_ms = ms_["bf16"], ms_["fp32"]
             for name in x:
@@ -122,6 +132,11 @@ def bench_layer(model, layer, k, n, ms, threads, min_seconds, min_reps) -> list[
                     "ternary_min_ms": round(tern[1], 4), "torch_bf16_min_ms": round(bf16_ms[1], 4),
                     "torch_fp32_min_ms": round(fp32_ms[1], 4), "speedup_vs_bf16_min": round(bf16_ms[1] / tern[1], 3),
                     "weight_copies": copies,
+                    # the W2A8 kernel on the same x (quantized inside the op), null where not timed
+                    "w2a8_ms": round(ms_[f"w2a8_{name}"][0], 4) if w2a8 else None,
+                    "w2a8_min_ms": round(ms_[f"w2a8_{name}"][1], 4) if w2a8 else None,
+                    "speedup_w2a8_vs_bf16": round(bf16_ms[0] / ms_[f"w2a8_{name}"][0], 3) if w2a8 else None,
+                    "speedup_w2a8_vs_bf16_min": round(bf16_ms[1] / ms_[f"w2a8_{name}"][1], 3) if w2a8 else None,
                 })
                 print(json.dumps(rows[-1]), flush=True)
     return rows
@@ -136,6 +151,11 @@ def target(row) -> float | None:
     return {1: 4.0, 16: 2.0}.get(row["M"], 1.0 if row["M"] >= 128 else None)
 
 
+# The issue's W2A8 target: Qwen3 shapes, M >= 128, >= 1.5x torch's bf16 matmul.
+def target_w2a8(row) -> float | None:
+    return 1.5 if row["model"] != "minilm" and row["M"] >= 128 and row.get("w2a8_ms") is not None else None
+
+
 def markdown(meta: dict, rows: list[dict]) -> str:
     out = [f"# CPU kernel vs torch matmul ({meta['machine']['cpu']}, {meta['machine']['cores']} cores)", "",
            f"`{meta['command']}`", "",
@@ -145,7 +165,10 @@ def markdown(meta: dict, rows: list[dict]) -> str:
            "matmul for both activation dtypes (bf16 x bf16 weight, fp32 x fp32 weight); `fastest`: the "
            "ratio of the fastest calls, robust where other work took a core (2-thread medians then hold "
            "8-12 ms stalls, torch's and the kernel's alike). Targets (bf16 activations): Qwen3 M 1 >= 4, "
-           "M 16 >= 2, M >= 128 >= 1; MiniLM >= 1 at every M; judged on the median.", ""]
+           "M 16 >= 2, M >= 128 >= 1; MiniLM >= 1 at every M; judged on the median. `w2a8`: the "
+           "int8-activation mode's kernel (gemm_w2a8, AVX512-VNNI; x in the row's dtype, quantized per "
+           "token inside the op, its time included); `w2a8 vs bf16`: torch bf16 time / w2a8 time (median; "
+           "fastest calls in brackets); its target (Qwen3, M >= 128): >= 1.5.", ""]
     for dtype in ("bf16", "fp32"):
         for t in sorted({r["threads"] for r in rows}):
             sel = [r for r in rows if r["dtype"] == dtype and r["threads"] == t]
@@ -153,14 +176,18 @@ def markdown(meta: dict, rows: list[dict]) -> str:
                 continue
             out += [f"## {dtype} activations, {t} thread{'s' if t > 1 else ''}", "",
                     "| model | layer | K | N | M | ternary | torch bf16 | torch fp32 | vs bf16 | vs fp32 "
-                    "| vs bf16 (fastest) | target |",
-                    "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+                    "| vs bf16 (fastest) | target | w2a8 | w2a8 vs bf16 | w2a8 target |",
+                    "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
             for r in sel:
                 tg = target(r)
                 mark = "" if tg is None else (f">= {tg:g}: {'met' if r['speedup_vs_bf16'] >= tg else 'missed'}")
+                t8 = target_w2a8(r)
+                mark8 = "" if t8 is None else f">= {t8:g}: {'met' if r['speedup_w2a8_vs_bf16'] >= t8 else 'missed'}"
+                w8 = ("| | |" if r.get("w2a8_ms") is None else
+                      f"| {r['w2a8_ms']:.3f} | {r['speedup_w2a8_vs_bf16']:.2f} ({r['speedup_w2a8_vs_bf16_min']:.2f}) |")
                 out.append(f"| {r['model']} | {r['layer']} | {r['K']} | {r['N']} | {r['M']} | {r['ternary_ms']:.3f} "
                            f"| {r['torch_bf16_ms']:.3f} | {r['torch_fp32_ms']:.3f} | {r['speedup_vs_bf16']:.2f} "
-                           f"| {r['speedup_vs_fp32']:.2f} | {r['speedup_vs_bf16_min']:.2f} | {mark} |")
+                           f"| {r['speedup_vs_fp32']:.2f} | {r['speedup_vs_bf16_min']:.2f} | {mark} {w8} {mark8} |")
             out.append("")
     return "\n".join(out)
 
@@ -174,18 +201,22 @@ def plot(rows: list[dict], path: Path) -> bool:
     except ImportError:
         return False
     combos = sorted({(r["dtype"], r["threads"]) for r in rows})
+    combos += sorted({("w2a8", r["threads"]) for r in rows if r["dtype"] == "bf16" and r.get("w2a8_ms") is not None})
     fig, axes = plt.subplots(1, len(combos), figsize=(5 * len(combos), 4), squeeze=False, sharey=True)
     for ax, (dtype, t) in zip(axes[0], combos):
         for model, layer, _, _ in SHAPES:
-            sel = [r for r in rows if (r["model"], r["layer"], r["dtype"], r["threads"]) == (model, layer, dtype, t)]
+            want = "bf16" if dtype == "w2a8" else dtype
+            key = "speedup_w2a8_vs_bf16" if dtype == "w2a8" else f"speedup_vs_{dtype}"
+            sel = [r for r in rows if (r["model"], r["layer"], r["dtype"], r["threads"]) == (model, layer, want, t)]
             if sel:
-                ax.plot([r["M"] for r in sel], [r[f"speedup_vs_{dtype}"] for r in sel], marker="o",
+                ax.plot([r["M"] for r in sel], [r[key] for r in sel], marker="o",
                         linestyle="-" if model == "qwen3-0.6b" else "--", label=f"{model} {layer}")
         ax.axhline(1.0, color="gray", linewidth=0.8)
         ax.set_xscale("log", base=2)
         ax.set_yscale("log", base=2)
         ax.set_xlabel("M (tokens)")
-        ax.set_title(f"{dtype} x, {t} thread{'s' if t > 1 else ''}: vs torch {dtype} matmul")
+        ax.set_title(f"W2A8 (bf16 x), {t} thread{'s' if t > 1 else ''}: vs torch bf16 matmul" if dtype == "w2a8"
+                     else f"{dtype} x, {t} thread{'s' if t > 1 else ''}: vs torch {dtype} matmul")
     axes[0][0].set_ylabel("speedup (torch ms / ternary ms)")
     axes[0][-1].legend(fontsize=7)
     fig.tight_layout()
@@ -202,6 +233,7 @@ def main(argv=None) -> int:
     ap.add_argument("--min-reps", type=int, default=5)
     ap.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results")
     ap.add_argument("--name", default="cpu-kernel")
+    ap.add_argument("--no-w2a8", action="store_true", help="leave out the W2A8 kernel (gemm_w2a8)")
     args = ap.parse_args(argv)
     if ops.cpu_kernel_isa() is None:
         print(f"no CPU kernel here: {ops._state.get('cpu_why')}", file=sys.stderr)
@@ -209,12 +241,15 @@ def main(argv=None) -> int:
     load_before = os.getloadavg()
     shapes = [s for s in SHAPES if not args.layers or f"{s[0]}/{s[1]}" in args.layers]
     t0 = time.time()
-    rows = [r for s in shapes for r in bench_layer(*s, args.ms, args.threads, args.min_seconds, args.min_reps)]
+    w2a8 = not args.no_w2a8 and ops.cpu_w2a8_isa() is not None
+    if not args.no_w2a8 and not w2a8:
+        print(f"no W2A8 CPU kernel here ({ops._state.get('cpu_w2a8_why')}): its columns stay empty", file=sys.stderr)
+    rows = [r for s in shapes for r in bench_layer(*s, args.ms, args.threads, args.min_seconds, args.min_reps, w2a8)]
     load_after = os.getloadavg()
     shared = max(load_before[0], load_after[0]) > 0.5
     meta = {
         "machine": machine(), "torch": torch.__version__, "python": platform.python_version(),
-        "kernel_isa": ops.cpu_kernel_isa(),
+        "kernel_isa": ops.cpu_kernel_isa(), "w2a8_kernel_isa": ops.cpu_w2a8_isa() if w2a8 else None,
         "command": " ".join(["python benchmarks/bench_cpu_kernel.py", *(argv if argv is not None else sys.argv[1:])]),
         "load_average_before_after": [round(load_before[0], 2), round(load_after[0], 2)],
         "machine_shared": shared,

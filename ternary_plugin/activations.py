@@ -23,7 +23,8 @@ float activations (benchmarks/results/w2a8-granularity.md, benchmarks/w2a8_granu
 At tp > 1 a row-parallel layer's rank quantizes its own slice of K with its own scale.
 
 ``reference_linear_w2a8`` is the reference every kernel for the mode is held against;
-``ternary_linear_w2a8`` is the one function the layer calls.
+``ternary_linear_w2a8`` is the one function the layer calls (on CPU the AVX512-VNNI kernel
+``torch.ops.ternary_serve.gemm_w2a8``, csrc/cpu/ternary_cpu_w2a8.cpp, where this CPU runs it).
 """
 
 from __future__ import annotations
@@ -166,11 +167,14 @@ def ternary_linear_w2a8(
 ) -> torch.Tensor:  # [M, N] in x.dtype
     """The layer's one call in the W2A8 mode: torch.ops.ternary_serve.gemm_w2a8 where a kernel
     implements it for x's device (on CUDA it plans between this repository's s8 kernel, Humming's
-    int2 x int8 layer and the reference: ops.py, dispatch.W2A8_BANDS), else the reference op.
+    int2 x int8 layer and the reference: ops.py, dispatch.W2A8_BANDS; on CPU the AVX512-VNNI
+    kernel where this CPU runs it, ops.cpu_w2a8_isa), else the reference op.
     Per-(token, block) scales have the reference only."""
     from . import ops
 
     if not token_block and x.is_cuda and x.dtype in (torch.bfloat16, torch.float16) and ops.w2a8_cuda_available():
+        return torch.ops.ternary_serve.gemm_w2a8(x, packed, scale, bias, block_size, k_offset)
+    if x.device.type == "cpu" and ops._cpu_w2a8_kernel(x, token_block):
         return torch.ops.ternary_serve.gemm_w2a8(x, packed, scale, bias, block_size, k_offset)
     return torch.ops.ternary_ref.linear_w2a8(x, packed, scale, bias, block_size, k_offset, token_block)
 

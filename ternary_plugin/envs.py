@@ -55,11 +55,17 @@ REGISTRY: tuple[EnvVar, ...] = (
            "setup.py: 0 skips the CPU kernel (csrc/cpu/); then a CPU machine runs the pure-torch reference"),
     # --- read by the CPU op, once per process ---------------------------------------------------------
     EnvVar("TERNARY_CPU_KERNEL", str, "1", "read",
-           "0 keeps CPU tensors on the pure-torch reference path (ternary_plugin/ops.py), with one log line"),
+           "0 keeps CPU tensors on the pure-torch reference path (ternary_plugin/ops.py), with one log line; "
+           "the W2A8 mode's CPU kernel too"),
     EnvVar("TERNARY_CPU_SMALL_M_MAX", int, None, "read",
            "CPU kernel (csrc/cpu/): largest M that streams the packed weights with codes decoded in registers "
            "(default 16 for bf16, 32 for fp32/fp16, measured); above it weight tiles are decoded once and "
            "multiplied by oneDNN; 0 always tiles"),
+    EnvVar("TERNARY_CPU_POISON", int, "0", "read",
+           "1: the CPU W2A8 op's output buffers start as NaN (or -128), so tests see any element it leaves unwritten"),
+    EnvVar("TERNARY_CPU_W2A8_SMALL_M_MAX", int, None, "read",
+           "W2A8 CPU kernel (csrc/cpu/ternary_cpu_w2a8.cpp): largest M that decodes the codes in registers "
+           "(default 2, measured); above it weight tiles are decoded once into u8; 0 always tiles"),
     # --- read by the CUDA op's dispatch table, once per process (ternary_plugin/dispatch.py) ------
     *(EnvVar(lim.env, int, str(lim.default), "read", f"CUDA dispatch (ternary_plugin/dispatch.py): {lim.meaning}")
       for lim in dispatch.LIMITS),

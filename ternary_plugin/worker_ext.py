@@ -105,7 +105,7 @@ class TernaryWorkerExtension:
     def ternary_report(self) -> dict:
         from vllm.distributed import get_tensor_model_parallel_world_size
 
-        from . import is_registered
+        from . import is_registered, ops
 
         layers = ternary_layers(self._ternary_model())
         modes = sorted({layer.quant_method.quant_config.activation_dtype for layer in layers.values()})
@@ -115,5 +115,6 @@ class TernaryWorkerExtension:
             "tp_size": get_tensor_model_parallel_world_size(),
             "plugin_loaded": is_registered(),
             "activation_dtype": ",".join(modes) or None,  # the mode the layers run (activations.py)
+            "cpu_w2a8_calls": ops.cpu_w2a8_calls(),  # W2A8 calls on CPU: kernel / reference (ops.py)
             "layers": {name: layer_report(layer) for name, layer in layers.items()},
         }

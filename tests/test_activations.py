@@ -21,7 +21,7 @@ from ternary_plugin.activations import (
     reference_linear_w2a8,
     ternary_linear_w2a8,
 )
-from ternary_plugin.ops import reference_linear
+from ternary_plugin.ops import cpu_w2a8_isa, reference_linear
 
 # (name, M, N, K, k_offset, block_size), each with its reason.
 SHAPES = [
@@ -87,7 +87,11 @@ def test_reference_matches_the_formula(name, m, n, k, k_offset, bs, with_bias, t
     tol = 2 * torch.finfo(torch.float32).eps
     assert bool(((y.double() - want).abs() <= tol * want.abs() + 1e-30).all()), f"{name}: max rel err {err}"
     assert torch.equal(torch.ops.ternary_ref.linear_w2a8(x, packed, scale, bias, bs, k_offset, token_block), y)
-    assert torch.equal(ternary_linear_w2a8(x, packed, scale, bias, bs, k_offset, token_block), y)
+    # the layer's call: the CPU kernel where it runs here (tests/test_kernel_cpu_w2a8.py holds it
+    # against this reference), else this very reference
+    kernel = not token_block and cpu_w2a8_isa() is not None
+    routed = torch.ops.ternary_serve.gemm_w2a8(x, packed, scale, bias, bs, k_offset) if kernel else y
+    assert torch.equal(ternary_linear_w2a8(x, packed, scale, bias, bs, k_offset, token_block), routed)
 
 
 @pytest.mark.parametrize("name,m,n,k,k_offset,bs", SHAPES, ids=IDS)
@@ -251,7 +255,7 @@ def test_layer_calls_the_w2a8_function_only_in_the_int8_mode():
     x, bias = torch.randn(2, 3, 502), torch.randn(10)
     y8 = TernaryLinearMethod(TernaryConfig(activation_dtype="int8")).apply(layer, x, bias)
     assert y8.shape == (2, 3, 10)
-    assert torch.equal(y8, reference_linear_w2a8(x.reshape(6, 502), packed, scale, bias, 128, 118).reshape(2, 3, 10))
+    assert torch.equal(y8, ternary_linear_w2a8(x.reshape(6, 502), packed, scale, bias, 128, 118).reshape(2, 3, 10))
     y = TernaryLinearMethod(TernaryConfig()).apply(layer, x, bias)
     assert torch.equal(y, ternary_linear(x.reshape(6, 502), packed, scale, bias, 128, 118).reshape(2, 3, 10))
     assert not torch.equal(y, y8)

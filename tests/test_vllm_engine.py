@@ -186,6 +186,15 @@ def test_w2a8_through_hf_overrides(tiny_qwen3):
     dst = tiny_qwen3["dst"]
     result = run_embed(dst, 1, texts, report=True, extra_args=("--activation-dtype", "int8"))
     assert [r["activation_dtype"] for r in result["ranks"]] == ["int8"]
+    # on a CPU with AVX512-VNNI (the CI machine) every W2A8 call took the CPU kernel, none the
+    # reference (counts of traced calls where vLLM compiles the model: each is an op of the graph)
+    from ternary_plugin import ops
+
+    calls = result["ranks"][0]["cpu_w2a8_calls"]
+    if ops.cpu_w2a8_isa() is not None:
+        assert calls["kernel"] > 0 and calls["reference"] == 0, calls
+    else:
+        assert calls["kernel"] == 0 and calls["reference"] > 0, (calls, ops._state.get("cpu_w2a8_why"))
     w2a8 = cosines(result["embeddings"], embed(dst, texts, loaded=load_model(dst, linear=reference_linear_w2a8)))
     plain = cosines(result["embeddings"], embed(dst, texts))
     print(f"W2A8 engine: cosine vs transformers W2A8 {w2a8.tolist()}, vs float activations {plain.tolist()}")

@@ -20,6 +20,9 @@
 //
 // The CPU without the kernel's instructions (cpu_kernel_isa() == "") is told so by the op; the
 // plugin (ternary_plugin/ops.py) asks first and takes the reference there.
+//
+// Below gemm: gemm_w2a8 and quantize_int8 on CPU, the int8-activation mode (their kernel and
+// its tiling: ternary_cpu_w2a8.cpp; asked first through cpu_w2a8_isa()).
 
 #include <ATen/Parallel.h>
 #include <torch/library.h>
@@ -28,6 +31,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdlib>
+#include <limits>
 #include <string>
 
 #include "../ternary_check.h"
@@ -185,6 +189,199 @@ torch::Tensor gemm_cpu(const torch::Tensor& x,                  // [M, K] fp32 /
 #endif
 }
 
+// ---- gemm_w2a8 and quantize_int8 (the W2A8 mode; kernel: ternary_cpu_w2a8.cpp) --------------
+
+#define CHECK_W8(cond, ...) TERNARY_CHECK_ARG("ternary_serve::gemm_w2a8 (CPU): ", cond, __VA_ARGS__)
+
+// "avx512_vnni" where this CPU runs the W2A8 kernel, "" where it cannot.
+std::string w2a8_isa() {
+  static const bool ok = cpu_w2a8_supported();
+  return ok ? "avx512_vnni" : "";
+}
+
+// Largest M of the W2A8 small-M regime (codes decoded in registers, once per 2 x rows); past
+// it the tile regime (decoded once into a u8 tile, every x row run over it). Measured on the
+// 2-core AMD EPYC (Zen 4, shared, 1 thread; see docs/kernel.md "W2A8 on CPU"), Qwen3-0.6B
+// gate_up / down and MiniLM up, ms, decode / tile: M 1 0.32 / 0.39, 0.16 / 0.18, 0.05 / 0.03; M 2
+// 0.28 / 0.37, 0.15 / 0.15, 0.06 / 0.03; M 3 0.49 / 0.30, 0.29 / 0.21, 0.08 / 0.04 (noisy).
+// TERNARY_CPU_W2A8_SMALL_M_MAX (read once per process) overrides it.
+constexpr int64_t kW8SmallMMax = 2;
+// The u8 tile a thread decodes: about a quarter of Zen 4's 1 MB L2, leaving room for x's rows.
+constexpr int64_t kW8TileBytes = 256 * 1024;
+
+// TERNARY_CPU_POISON=1 (read once per process): the output buffers the kernel fills start as
+// NaN, so a test sees any element it fails to write (tests/test_kernel_cpu_w2a8.py).
+bool poison_outputs() {
+  static const bool on = env_int("TERNARY_CPU_POISON", 0) != 0;
+  return on;
+}
+
+int64_t w8_small_m_max() {
+  static const int64_t forced = env_int("TERNARY_CPU_W2A8_SMALL_M_MAX", -1);
+  return forced >= 0 ? forced : kW8SmallMMax;
+}
+
+void check_w8_x(const torch::Tensor& x, const char* op) {
+  CHECK_W8(x.device().is_cpu(), op, ": x must be a CPU tensor");
+  CHECK_W8(x.dim() == 2, op, ": x must be 2-D [M, K], got shape ", x.sizes());
+  const auto dt = x.scalar_type();
+  CHECK_W8(dt == at::kFloat || dt == at::kBFloat16 || dt == at::kHalf, op, ": x must be float32, bfloat16 or ",
+           "float16, got ", dt);
+}
+
+#ifdef TERNARY_CPU_KERNELS
+// x [M, K] (contiguous, fp32 / bf16 / fp16) -> sx [M] fp32 and either xq [M, K] int8 (q) or,
+// with a plan, xq by entries (xe [M, E, width], negsum [M, S]): one parallel region, each row
+// widened and quantized in this thread's scratch. One region, not a chain of ATen ops (x.to,
+// zeros, ...) each its own: on the shared 2-core machine every region waits whenever another
+// process holds a core, and the chain made 2-thread calls 3-6x slower than torch's matmul.
+void quantize_rows(const torch::Tensor& x, float* sx, int8_t* q, const W8Plan* plan, int8_t* xe, int32_t* negsum) {
+  const int64_t M = x.size(0), K = x.size(1), esz = x.element_size();
+  const int kind = x.scalar_type() == at::kFloat ? 0 : x.scalar_type() == at::kBFloat16 ? 1 : 2;
+  const char* xp = static_cast<const char*>(x.data_ptr());
+  const int64_t ldq = (K + kW8Chunk - 1) / kW8Chunk * kW8Chunk;  // w8_entries_row reads whole chunks
+  // threads only past ~256K elements (~0.2 ms on one Zen 4 core): below that a region's wake-up
+  // and its wait for a shared core cost more than the work
+  const int64_t grain = std::max<int64_t>(16, (int64_t{1} << 18) / std::max<int64_t>(K, 1));
+  at::parallel_for(0, M, grain, [&](int64_t m0, int64_t m1) {
+    std::vector<float> xf(K);
+    std::vector<int8_t> qrow(plan ? ldq : 0, 0);  // zero past K: w8_quantize_row writes [0, K)
+    for (int64_t m = m0; m < m1; ++m) {
+      w8_widen_row(xp + m * K * esz, kind, K, xf.data());
+      int8_t* qm = plan ? qrow.data() : q + m * K;
+      sx[m] = w8_quantize_row(xf.data(), K, qm);
+      if (plan) w8_entries_row(*plan, qm, xe + m * plan->entry_chunk.size() * plan->width, negsum + m * plan->segments.size());
+    }
+  });
+}
+#endif
+
+std::tuple<torch::Tensor, torch::Tensor> quantize_int8_cpu(const torch::Tensor& x) {  // x [M, K] float
+  CHECK_W8(!w2a8_isa().empty(), "quantize_int8: this CPU lacks the AVX512-VNNI (f, bw, vl, dq, vbmi, vnni) ",
+           "the kernel needs; use ternary_plugin.activations.quantize_activations_int8");
+  check_w8_x(x, "quantize_int8");
+  const int64_t M = x.size(0), K = x.size(1);
+  auto xq = torch::empty({M, K}, x.options().dtype(at::kChar));  // [M, K] int8
+  auto sx = torch::empty({M}, x.options().dtype(at::kFloat));     // [M] fp32
+  if (poison_outputs()) {
+    xq.fill_(-128);  // a value the quantizer never writes (symmetric: +-127)
+    sx.fill_(std::numeric_limits<float>::quiet_NaN());
+  }
+#ifdef TERNARY_CPU_KERNELS
+  if (M > 0) quantize_rows(x.contiguous(), sx.data_ptr<float>(), xq.data_ptr<int8_t>(), nullptr, nullptr, nullptr);
+#endif
+  return {xq, sx};
+}
+
+torch::Tensor gemm_w2a8_cpu(const torch::Tensor& x,                   // [M, K] fp32 / bf16 / fp16
+                            const torch::Tensor& packed_in,           // [N, ldp] uint8, ldp >= ceil(K/4)
+                            const torch::Tensor& scale_in,            // [N, lds] fp16
+                            const std::optional<torch::Tensor>& bias,  // [N] x.dtype, or None
+                            int64_t block_size, int64_t k_offset) {
+  CHECK_W8(!w2a8_isa().empty(), "this CPU lacks the AVX512-VNNI (f, bw, vl, dq, vbmi, vnni) the kernel needs ",
+           "(or is not x86-64); use ternary_plugin.activations.ternary_linear_w2a8, which takes the reference ",
+           "path here");
+  check_w8_x(x, "gemm_w2a8");
+  const auto dt = x.scalar_type();
+  CHECK_W8(packed_in.device().is_cpu() && scale_in.device().is_cpu(), "packed and scale must be CPU tensors");
+  CHECK_W8(packed_in.dim() == 2 && packed_in.scalar_type() == at::kByte, "packed must be a 2-D uint8 tensor [N, ",
+           "ceil(K/4)], got ", packed_in.scalar_type(), " of shape ", packed_in.sizes());
+  CHECK_W8(scale_in.dim() == 2 && scale_in.scalar_type() == at::kHalf, "scale must be a 2-D float16 tensor [N, ",
+           "ceil((k_offset + K)/block_size)], got ", scale_in.scalar_type(), " of shape ", scale_in.sizes());
+  CHECK_W8(block_size > 0, "block_size must be positive, got ", block_size);
+  CHECK_W8(k_offset >= 0 && k_offset < block_size, "k_offset must be in [0, block_size=", block_size, "), got ",
+           k_offset);
+  const int64_t M = x.size(0), K = x.size(1), N = packed_in.size(0);
+  const int64_t need_p = (K + 3) / 4, need_s = (k_offset + K + block_size - 1) / block_size;
+  CHECK_W8(packed_in.size(1) >= need_p, "packed has shape ", packed_in.sizes(), ": ", packed_in.size(1),
+           " bytes a row, needs ceil(K/4) = ", need_p, " for K=", K, " (x has shape ", x.sizes(), ")");
+  CHECK_W8(scale_in.size(0) == N && scale_in.size(1) >= need_s, "scale has shape ", scale_in.sizes(),
+           ", needs [N=", N, ", >= ", need_s, "] for K=", K, ", block_size=", block_size, ", k_offset=", k_offset);
+  if (bias) {
+    CHECK_W8(bias->device().is_cpu() && bias->dim() == 1 && bias->size(0) == N && bias->scalar_type() == dt,
+             "bias must be a CPU tensor [N=", N, "] in x's dtype ", dt, ", got ", bias->scalar_type(), " of shape ",
+             bias->sizes());
+  }
+  auto y = torch::empty({M, N}, x.options());
+  if (M == 0 || N == 0) return y;
+  if (K == 0) return bias ? y.copy_(bias->unsqueeze(0).expand({M, N})) : y.zero_();
+#ifdef TERNARY_CPU_KERNELS
+  const torch::Tensor packed = packed_in.contiguous(), scale = scale_in.contiguous();
+  const torch::Tensor bias_f = bias ? bias->to(at::kFloat).contiguous() : torch::Tensor();  // [N] fp32
+  const bool small = M <= w8_small_m_max();
+  // small M: chunks of 64 columns, x permuted as the register decoder's; tile: groups of 4
+  const W8Plan plan = make_w8_plan(K, block_size, k_offset, small ? kW8Chunk : 4);
+  const int64_t E = static_cast<int64_t>(plan.entry_chunk.size()), S = static_cast<int64_t>(plan.segments.size());
+  const int64_t ldp = packed.size(1), row_bytes = 16 * ((K + kW8Chunk - 1) / kW8Chunk);  // what a row's chunks read
+  // Rows whose last chunk would read past the tensor, copied zero-padded (the others read into
+  // the next row, whose codes meet x's zeros past K)
+  const int64_t tail_from = std::clamp<int64_t>(N - (row_bytes + ldp - 1) / ldp + 1, 0, N);
+  const auto tail = torch::zeros({std::max<int64_t>(N - tail_from, 1), row_bytes}, packed.options());
+  if (tail_from < N)
+    tail.narrow(0, 0, N - tail_from).narrow(1, 0, std::min(ldp, row_bytes))
+        .copy_(packed.narrow(0, tail_from, N - tail_from).narrow(1, 0, std::min(ldp, row_bytes)));
+
+  // x quantized by entries
+  const auto sx = torch::empty({M}, x.options().dtype(at::kFloat));              // [M] fp32
+  const auto xe = torch::empty({M, E * plan.width}, x.options().dtype(at::kChar));  // [M, E, width] int8
+  const auto negsum = torch::empty({M, S}, x.options().dtype(at::kInt));           // [M, S] int32
+  quantize_rows(x.contiguous(), sx.data_ptr<float>(), nullptr, &plan, xe.data_ptr<int8_t>(), negsum.data_ptr<int32_t>());
+  const W8Problem p{M,
+                    N,
+                    packed.data_ptr<uint8_t>(),
+                    ldp,
+                    tail.data_ptr<uint8_t>(),
+                    tail_from,
+                    row_bytes,
+                    reinterpret_cast<const uint16_t*>(scale.data_ptr<at::Half>()),
+                    scale.size(1),
+                    &plan,
+                    xe.data_ptr<int8_t>(),
+                    negsum.data_ptr<int32_t>(),
+                    E,
+                    S,
+                    sx.data_ptr<float>(),
+                    bias ? bias_f.data_ptr<float>() : nullptr};
+  const auto yf = dt == at::kFloat ? y : torch::empty({M, N}, x.options().dtype(at::kFloat));  // [M, N] fp32
+  if (poison_outputs()) yf.fill_(std::numeric_limits<float>::quiet_NaN());
+  float* yp = yf.data_ptr<float>();
+  const int64_t threads = at::get_num_threads();
+  // y's columns [n0, n1) in x's dtype, by the thread that computed them (no region of its own)
+  auto finish = [&](int64_t n0, int64_t n1) {
+    if (dt == at::kFloat) return;
+    const at::AutoDispatchBelowADInplaceOrView below_autograd;  // worker threads: fresh dispatch state
+    y.narrow(1, n0, n1 - n0).copy_(yf.narrow(1, n0, n1 - n0));
+  };
+  if (small) {
+    at::parallel_for(0, (N + 3) / 4, 1, [&](int64_t t0, int64_t t1) {
+      w8_rows_decode(p, 4 * t0, std::min(N, 4 * t1), yp);
+      finish(4 * t0, std::min(N, 4 * t1));
+    });
+  } else {
+    // tiles of <= kW8TileBytes in multiples of 32 rows (the register block), >= one a thread
+    // as many tiles as fit, rounded up to a multiple of the threads (at::parallel_for gives each
+    // thread a contiguous run: 3 tiles on 2 threads left one thread a third of the work)
+    const int64_t fit = w8_tile_rows(K, kW8TileBytes);
+    const int64_t want = ((N + fit - 1) / fit + threads - 1) / threads * threads;
+    const int64_t rows = ((N + want - 1) / want + 31) / 32 * 32;
+    const int64_t tiles = (N + rows - 1) / rows;
+    at::parallel_for(0, tiles, 1, [&](int64_t t0, int64_t t1) {
+      // 64-byte aligned (zmm loads; the tile's rows are multiples of 64 bytes): torch's CPU
+      // allocator aligns to 64
+      const auto tile = torch::empty({rows, 4 * row_bytes}, packed.options());             // [rows/16, .., 16, 4] u8
+      const auto ws_tile = torch::empty({rows / 16, S, 16}, x.options().dtype(at::kFloat));  // fp32 scales
+      for (int64_t t = t0; t < t1; ++t)
+        w8_rows_tile(p, t * rows, std::min(N, (t + 1) * rows), tile.data_ptr<uint8_t>(), ws_tile.data_ptr<float>(), yp);
+      finish(t0 * rows, std::min(N, t1 * rows));
+    });
+  }
+  return y;
+#else
+  CHECK_W8(false, "the CPU kernel is built for x86-64 only");
+  return y;
+#endif
+}
+
 }  // namespace
 }  // namespace ternary_cpu
 
@@ -192,6 +389,12 @@ TORCH_LIBRARY_FRAGMENT(ternary_serve, m) {
   // "avx512_bf16" where this CPU runs the kernel, "" where it cannot (ternary_plugin.ops asks
   // once, before taking the kernel)
   m.def("cpu_kernel_isa() -> str", [] { return ternary_cpu::kernel_isa(); });
+  // "avx512_vnni" where this CPU runs the W2A8 kernel (gemm_w2a8, quantize_int8), "" where not
+  m.def("cpu_w2a8_isa() -> str", [] { return ternary_cpu::w2a8_isa(); });
 }
 
-TORCH_LIBRARY_IMPL(ternary_serve, CPU, m) { m.impl("gemm", &ternary_cpu::gemm_cpu); }
+TORCH_LIBRARY_IMPL(ternary_serve, CPU, m) {
+  m.impl("gemm", &ternary_cpu::gemm_cpu);
+  m.impl("gemm_w2a8", &ternary_cpu::gemm_w2a8_cpu);
+  m.impl("quantize_int8", &ternary_cpu::quantize_int8_cpu);
+}

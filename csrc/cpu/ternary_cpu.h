@@ -54,6 +54,71 @@ struct Problem {
 // Whether this CPU runs the kernels below (cpuid: avx512 f/bw/vl/dq/vbmi/bf16, f16c, fma).
 bool cpu_supported();
 
+// ---- The int8-activation (W2A8) kernel (ternary_cpu_w2a8.cpp) ----------------------------------
+//
+// A chunk is `width` weights of a row: 64 (16 packed bytes) for the small-M kernel, 4 (one
+// packed byte) for the large-M tile; an entry is one chunk as one segment (the part of a scale
+// block inside K) sees it: a chunk cut by a block boundary is two entries, each with x zeroed
+// outside its segment, so the inner loops need no lane masks.
+constexpr int64_t kW8Chunk = 64;
+struct W8Segment {
+  int64_t block;   // scale column: (k_offset + first column) / block_size
+  int64_t e0, e1;  // entries [e0, e1)
+  int64_t j0, j1;  // local columns [j0, j1)
+};
+struct W8Plan {
+  std::vector<W8Segment> segments;
+  std::vector<int64_t> entry_chunk;  // [E]: the chunk (`width` columns of K) of entry e
+  int64_t width = 0, chunks = 0;     // chunks = ceil(K / width)
+};
+W8Plan make_w8_plan(int64_t K, int64_t block_size, int64_t k_offset, int64_t width);
+
+// Whether this CPU runs the W2A8 kernel (cpuid: avx512 f/bw/vl/vbmi/vnni, f16c, fma).
+bool cpu_w2a8_supported();
+
+// What the W2A8 kernels read: x quantized and laid out by entries, the weights as packed.
+struct W8Problem {
+  int64_t M, N;
+  const uint8_t* packed;   // [N, ldp] uint8 codes; rows n >= tail_from read from `tail`
+  int64_t ldp;
+  const uint8_t* tail;     // rows [tail_from, N) of packed, each zero-padded to row_bytes
+  int64_t tail_from, row_bytes;  // row_bytes = 16 * ceil(K / 64)
+  const uint16_t* scale;   // [N, lds] fp16 bits
+  int64_t lds;
+  const W8Plan* plan;      // the regime's: width 64 (small M) or 4 (tile)
+  const int8_t* xe;        // [M, E, width] xq by entries (w8_entries_row)
+  const int32_t* negsum;   // [M, S] -(sum of xq over segment s): the u = code + 1 correction
+  int64_t E, S;
+  const float* sx;         // [M] fp32
+  const float* bias;       // [N] fp32, or nullptr
+
+  // Row n's codes: 16 bytes from byte 16c for every chunk c, inside the tensor (or the tail copy).
+  const uint8_t* row(int64_t n) const {
+    return n >= tail_from ? tail + (n - tail_from) * row_bytes : packed + n * ldp;
+  }
+};
+
+#ifdef TERNARY_CPU_KERNELS
+// Row m of x (fp32 [K]) to int8: sx = absmax / 127 (1 where 0), xq = clamp(rne(x / sx), +-127),
+// bit for bit activations.quantize_activations_int8 (IEEE division, not a reciprocal).
+//   q: [K] int8. Returns sx.
+float w8_quantize_row(const float* x, int64_t K, int8_t* q);
+// Row of x in its dtype (bits: fp32, bf16 or fp16, `kind` 0 / 1 / 2) widened to fp32 [K]: exact.
+void w8_widen_row(const void* x, int kind, int64_t K, float* out);
+// One row's xq (q: [64 * ceil(K/64)] int8, zero past K) by entries: xe_row [E, width] int8 (width
+// 64: its lanes permuted as the decoder's, ternary_cpu_w2a8.cpp), and negsum_row [S] int32.
+void w8_entries_row(const W8Plan& plan, const int8_t* q, int8_t* xe_row, int32_t* negsum_row);
+// y[m, n] = sx[m] * sum_b ws[n, b] * d[m, n, b] + bias[n] in fp32, for W rows [n0, n1):
+//   small M (decode): the codes decoded in registers, each once per group of x rows;
+//   large M (tile):   W rows decoded once into tile ([rows / 16, 16 ceil(K/64), 16, 4] u8,
+//                     ws_tile [rows / 16, S, 16] fp32, this thread's) and every x row run over them.
+//   y: [M, N] fp32
+void w8_rows_decode(const W8Problem& p, int64_t n0, int64_t n1, float* y);
+void w8_rows_tile(const W8Problem& p, int64_t n0, int64_t n1, uint8_t* tile, float* ws_tile, float* y);
+// The tile's W rows that fit in `bytes` for K (>= 32, a multiple of 32).
+int64_t w8_tile_rows(int64_t K, int64_t bytes);
+#endif
+
 #ifdef TERNARY_CPU_KERNELS
 // Small M: W row tiles [t0, t1) of kRows rows each, y[m, n] = sum + bias in fp32.
 //   xb: [M, ldx] bf16 bits, x zero-padded to whole chunks (ldx >= 32 * ceil(K/32))

@@ -1,0 +1,418 @@
+// The W2A8 CPU kernel's AVX512-VNNI code (torch.ops.ternary_serve.gemm_w2a8; the op, its checks
+// and threads: ternary_cpu.cpp; the numerics: ternary_plugin/activations.py). Per-function target
+// attributes, as ternary_cpu_kernels.cpp: the library loads on any x86-64 and ternary_cpu.cpp
+// calls in here only where cpu_w2a8_supported() says so.
+//
+// vpdpbusd multiplies u8 by s8. The codes are decoded as u = w + 1 in {0, 1, 2} (u8) and xq is
+// the s8 side, so per block  d = dot(w, xq) = dot(u, xq) - sum(xq):  the correction is one int32
+// per (token, segment), computed once when x is quantized (negsum), and enters the int32
+// accumulator as its lane 0 start value. Every block dot is exact in int32, as the mode owes;
+// the only float work is one fp32 product and sum per (16 lanes, segment), as the reference
+// weighs a block (bitnet.cpp's I2_S does the same with a per-row weight sum, which needs the
+// weights' sums precomputed; the per-token sum of x needs nothing stored with the model).
+//
+// Decoding a chunk (64 weights = 16 packed bytes, byte j holding weights 4j .. 4j+3, the first
+// in the lowest bits): the 16 bytes broadcast to the four 128-bit lanes, lane q shifted right by
+// 2q (vpsrlvw), masked to 2 bits, and vpshufb's table {1, 2, 0, 1} maps code -> u (the reserved
+// 11 reads as 0, as format.unpack_ternary reads it): 4 instructions per 64 weights. Byte 16q + j
+// then holds weight 4j + q, so x is stored in that order too (vpermb once per chunk of x, when
+// it is quantized); a dot product does not care about the order of its terms.
+//
+//   x [M, K] --quantize--> xe [M, E, width] s8 (entries: a chunk as one segment sees it, zero
+//                          outside the segment), negsum [M, S] = -sum_segment xq
+//
+//   small M (w8_rows_decode, width 64): 4 W rows a task, codes decoded in registers per group
+//   of 2 x rows; the 16 int32 lanes of an accumulator are 16 positions of K:
+//     for segment s:   acc[4 rows][2 tokens] = (negsum[m, s], 0, ..., 0)
+//       for entry e in s:   acc[r][i] += vpdpbusd(u[r, e], xe[m_i, e])
+//       sum[r][i] += float(acc[r][i]) * ws[r, s]                                    (fp32)
+//     y[m, n] = sx[m] * lane_sum(sum[r][i]) + bias[n]
+//
+//   large M (w8_rows_tile, width 4): W rows decoded once into a tile of 16-row groups, each
+//   [ceil(K/64) * 16 column groups, 16 rows, 4 u8] (<= 256 KB: L2); the 16 lanes of an
+//   accumulator are 16 W rows, x broadcast 4 bytes (one entry) at a time, 32 W rows x 6 tokens
+//   a register block:
+//     for segment s:   acc[2 groups][6 tokens] = negsum[m, s] in every lane
+//       for entry e in s:   acc[v][i] += vpdpbusd(u[v, e] (16 rows x 4), broadcast(xe[m_i, e]))
+//       sum[v][i] += float(acc[v][i]) * ws[16 rows of v, s]                         (fp32)
+//     y[m, 16 rows of v] = sx[m] * sum[v][i] + bias                       (no lane reduction)
+//   One convert-and-scale per block_size / 4 vpdpbusd (32 at block 128) where the small-M
+//   layout pays one per block_size / 64 (2): 2.5x faster at M 512 (Qwen3-0.6B gate_up, 1 thread).
+//
+// The int32 lanes never overflow, and their conversion to fp32 is exact: a lane's block sum is
+// at most 2 * 127 * block_size (u <= 2) plus |negsum| <= 127 * block_size, < 2^24 for block
+// sizes to 32K.
+
+#include "ternary_cpu.h"
+
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+#ifdef TERNARY_CPU_KERNELS
+#include <immintrin.h>
+// gcc 12's AVX-512 headers: see ternary_cpu_kernels.cpp.
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#define TERNARY_VNNI __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vbmi,avx512vnni,fma,f16c")))
+#endif
+
+namespace ternary_cpu {
+
+W8Plan make_w8_plan(int64_t K, int64_t block_size, int64_t k_offset, int64_t width) {
+  W8Plan p;
+  p.width = width;
+  p.chunks = (K + width - 1) / width;
+  int64_t j = 0;
+  while (j < K) {
+    const int64_t block = (k_offset + j) / block_size;
+    const int64_t j1 = std::min(K, (block + 1) * block_size - k_offset);
+    const int64_t e0 = static_cast<int64_t>(p.entry_chunk.size());
+    for (int64_t c = j / width; c <= (j1 - 1) / width; ++c) p.entry_chunk.push_back(c);
+    p.segments.push_back({block, e0, static_cast<int64_t>(p.entry_chunk.size()), j, j1});
+    j = j1;
+  }
+  return p;
+}
+
+int64_t w8_tile_rows(int64_t K, int64_t bytes) {
+  const int64_t row = (K + kW8Chunk - 1) / kW8Chunk * kW8Chunk;  // a tile row's u8 bytes
+  return std::max<int64_t>(32, bytes / row / 32 * 32);
+}
+
+#ifdef TERNARY_CPU_KERNELS
+
+bool cpu_w2a8_supported() {
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
+         __builtin_cpu_supports("avx512vbmi") && __builtin_cpu_supports("avx512vnni") &&
+         __builtin_cpu_supports("f16c") && __builtin_cpu_supports("fma");
+}
+
+namespace {
+
+constexpr int kW8Rows = 4;  // W rows of a register block
+
+TERNARY_VNNI inline float half_to_float(uint16_t h) { return _cvtsh_ss(h); }
+
+// The decoder's constants: vpsrlvw counts (2q in 128-bit lane q), the 2-bit mask, code -> u.
+struct Decoder {
+  __m512i shifts, three, lut;
+};
+TERNARY_VNNI inline Decoder decoder() {
+  return {_mm512_set_epi32(0x00060006, 0x00060006, 0x00060006, 0x00060006, 0x00040004, 0x00040004, 0x00040004,
+                           0x00040004, 0x00020002, 0x00020002, 0x00020002, 0x00020002, 0, 0, 0, 0),
+          _mm512_set1_epi8(3),
+          // bytes 0..3 of each 128-bit lane: u of codes 00 (0), 01 (+1), 10 (-1), 11 (reserved: 0)
+          _mm512_set4_epi32(0, 0, 0, 0x01000201)};
+}
+// 64 weights from 16 packed bytes as u = w + 1, byte 16q + j = weight 4j + q.
+TERNARY_VNNI inline __m512i decode_u(const uint8_t* bytes, const Decoder& d) {
+  const __m512i b = _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(bytes)));
+  return _mm512_shuffle_epi8(d.lut, _mm512_and_si512(_mm512_srlv_epi16(b, d.shifts), d.three));
+}
+
+// The W rows of one register block: their codes (packed row or tile row) and fp32 scales [S].
+struct BlockRows {
+  const uint8_t* w[kW8Rows];
+  const float* ws[kW8Rows];
+};
+
+// y[m0 .. m0 + MT) x [n0 .. n0 + valid) of one register block (module header).
+//   DECODE: rows.w[r] a packed row (16 bytes a chunk), else a tile row [E, 64] u8.
+template <int MT, bool DECODE>
+TERNARY_VNNI void w8_block(const W8Problem& p, const BlockRows& rows, int64_t m0, int64_t n0, int64_t valid,
+                           float* y) {
+  const W8Plan& plan = *p.plan;
+  const Decoder dec = decoder();
+  const int8_t* x[MT];
+  for (int i = 0; i < MT; ++i) x[i] = p.xe + (m0 + i) * p.E * kW8Chunk;
+  __m512 sum[kW8Rows][MT];
+  for (int r = 0; r < kW8Rows; ++r)
+    for (int i = 0; i < MT; ++i) sum[r][i] = _mm512_setzero_ps();
+  for (int64_t s = 0; s < p.S; ++s) {
+    const W8Segment& seg = plan.segments[s];
+    __m512i acc[kW8Rows][MT];
+    for (int i = 0; i < MT; ++i) {
+      const __m512i start = _mm512_maskz_loadu_epi32(1, p.negsum + (m0 + i) * p.S + s);
+      for (int r = 0; r < kW8Rows; ++r) acc[r][i] = start;
+    }
+    const int64_t c0 = plan.entry_chunk[seg.e0];
+    for (int64_t e = seg.e0; e < seg.e1; ++e) {
+      __m512i u[kW8Rows];
+      for (int r = 0; r < kW8Rows; ++r) {
+        if constexpr (DECODE) u[r] = decode_u(rows.w[r] + 16 * (c0 + e - seg.e0), dec);
+        else u[r] = _mm512_load_si512(rows.w[r] + e * kW8Chunk);
+      }
+      for (int i = 0; i < MT; ++i) {
+        const __m512i xv = _mm512_load_si512(x[i] + e * kW8Chunk);
+        for (int r = 0; r < kW8Rows; ++r) acc[r][i] = _mm512_dpbusd_epi32(acc[r][i], u[r], xv);
+      }
+    }
+    for (int r = 0; r < kW8Rows; ++r) {
+      const __m512 ws = _mm512_set1_ps(rows.ws[r][s]);
+      for (int i = 0; i < MT; ++i) sum[r][i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[r][i]), ws, sum[r][i]);
+    }
+  }
+  for (int i = 0; i < MT; ++i) {
+    const float sx = p.sx[m0 + i];
+    for (int r = 0; r < valid; ++r)
+      y[(m0 + i) * p.N + n0 + r] = sx * _mm512_reduce_add_ps(sum[r][i]) + (p.bias ? p.bias[n0 + r] : 0.f);
+  }
+}
+
+// Every x row over one register block, MT at a time (remainders by smaller MT).
+template <int MT, bool DECODE>
+TERNARY_VNNI void w8_all_m(const W8Problem& p, const BlockRows& rows, int64_t n0, int64_t valid, float* y) {
+  int64_t m0 = 0;
+  for (; m0 + MT <= p.M; m0 += MT) w8_block<MT, DECODE>(p, rows, m0, n0, valid, y);
+  if constexpr (MT > 1) {
+    const int64_t left = p.M - m0;
+    if (left == 2 && MT > 2) w8_block<2, DECODE>(p, rows, m0, n0, valid, y);
+    else
+      for (; m0 < p.M; ++m0) w8_block<1, DECODE>(p, rows, m0, n0, valid, y);
+  }
+}
+
+}  // namespace
+
+TERNARY_VNNI float w8_quantize_row(const float* x, int64_t K, int8_t* q) {
+  __m512 amax = _mm512_setzero_ps();
+  for (int64_t k = 0; k < K; k += 16) {
+    const __mmask16 m = K - k >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (K - k)) - 1);
+    amax = _mm512_max_ps(amax, _mm512_abs_ps(_mm512_maskz_loadu_ps(m, x + k)));
+  }
+  // as torch: fp32 absmax / 127 (IEEE division), 1 where that is 0
+  float sx = _mm512_reduce_max_ps(amax) / 127.0f;
+  if (!(sx > 0.f)) sx = 1.f;
+  const __m512 vs = _mm512_set1_ps(sx);
+  const __m512i hi = _mm512_set1_epi32(127), lo = _mm512_set1_epi32(-127);
+  for (int64_t k = 0; k < K; k += 16) {
+    const __mmask16 m = K - k >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (K - k)) - 1);
+    // x / sx by division (a reciprocal's product differs in the last bit, and so would some
+    // rounding ties), rounded half to even like torch.round
+    const __m512 v = _mm512_div_ps(_mm512_maskz_loadu_ps(m, x + k), vs);
+    const __m512i r = _mm512_cvt_roundps_epi32(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    _mm512_mask_cvtepi32_storeu_epi8(q + k, m, _mm512_max_epi32(lo, _mm512_min_epi32(hi, r)));
+  }
+  return sx;
+}
+
+TERNARY_VNNI void w8_widen_row(const void* x, int kind, int64_t K, float* out) {
+  for (int64_t k = 0; k < K; k += 16) {
+    const __mmask16 m = K - k >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (K - k)) - 1);
+    __m512 v;
+    if (kind == 0) {
+      v = _mm512_maskz_loadu_ps(m, static_cast<const float*>(x) + k);
+    } else {
+      const __m256i h = _mm256_maskz_loadu_epi16(m, static_cast<const uint16_t*>(x) + k);
+      v = kind == 1 ? _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16))  // bf16: the high half
+                    : _mm512_cvtph_ps(h);
+    }
+    _mm512_mask_storeu_ps(out + k, m, v);
+  }
+}
+
+TERNARY_VNNI void w8_entries_row(const W8Plan& plan, const int8_t* q, int8_t* xe_row, int32_t* negsum_row) {
+  alignas(64) static const uint8_t kPerm[64] = {
+      // byte 16q + j takes column 4j + q (the decoder's order)
+      0, 4, 8, 12, 16, 20, 24, 28, 32, 36, 40, 44, 48, 52, 56, 60, 1, 5, 9, 13, 17, 21, 25, 29, 33, 37, 41, 45, 49,
+      53, 57, 61, 2, 6, 10, 14, 18, 22, 26, 30, 34, 38, 42, 46, 50, 54, 58, 62, 3, 7, 11, 15, 19, 23, 27, 31, 35,
+      39, 43, 47, 51, 55, 59, 63};
+  const __m512i perm = _mm512_load_si512(kPerm);
+  for (size_t s = 0; s < plan.segments.size(); ++s) {
+    const W8Segment& seg = plan.segments[s];
+    int32_t total = 0;
+    for (int64_t j = seg.j0; j < seg.j1; ++j) total += q[j];
+    negsum_row[s] = -total;
+    if (plan.width != kW8Chunk) {
+      // width 4, in column order (the tile kernel broadcasts an entry's 4 bytes): the segment's
+      // chunks are consecutive columns, then the columns outside it in its first and last
+      // entry zeroed
+      const int64_t c0 = plan.entry_chunk[seg.e0], n = seg.e1 - seg.e0;
+      int8_t* dst = xe_row + seg.e0 * 4;
+      std::memcpy(dst, q + c0 * 4, n * 4);
+      for (int64_t j = c0 * 4; j < seg.j0; ++j) dst[j - c0 * 4] = 0;
+      for (int64_t j = seg.j1; j < (c0 + n) * 4; ++j) dst[j - c0 * 4] = 0;
+      continue;
+    }
+    for (int64_t e = seg.e0; e < seg.e1; ++e) {
+      const int64_t base = plan.entry_chunk[e] * kW8Chunk;
+      const int64_t lo = std::max<int64_t>(seg.j0 - base, 0), hi = std::min<int64_t>(seg.j1 - base, kW8Chunk);
+      const __mmask64 lanes = (hi == 64 ? ~0ull : (1ull << hi) - 1) & (~0ull << lo);
+      _mm512_store_si512(xe_row + e * kW8Chunk, _mm512_permutexvar_epi8(perm, _mm512_maskz_loadu_epi8(lanes, q + base)));
+    }
+  }
+}
+
+TERNARY_VNNI void w8_rows_decode(const W8Problem& p, int64_t n0, int64_t n1, float* y) {
+  const std::vector<uint8_t> zero_row(p.row_bytes, 0);
+  std::vector<float> ws(kW8Rows * p.S);
+  for (int64_t b0 = n0; b0 < n1; b0 += kW8Rows) {
+    const int64_t valid = std::min<int64_t>(kW8Rows, n1 - b0);
+    BlockRows rows;
+    for (int r = 0; r < kW8Rows; ++r) {
+      const bool real = r < valid;
+      rows.w[r] = real ? p.row(b0 + r) : zero_row.data();
+      rows.ws[r] = ws.data() + r * p.S;
+      for (int64_t s = 0; s < p.S; ++s)
+        ws[r * p.S + s] = real ? half_to_float(p.scale[(b0 + r) * p.lds + p.plan->segments[s].block]) : 0.f;
+    }
+    // 2 x rows a group: 4 x 2 int32 accumulators and 4 x 2 fp32 sums, the decoded codes and the
+    // decoder's constants fit the 32 zmm; more x rows decode the codes again, once a group
+    w8_all_m<2, true>(p, rows, b0, valid, y);
+  }
+}
+
+namespace {
+
+// One register block of the tile kernel: 16 NV W rows (lanes) x MT x rows, over all of K.
+//   tile: [NV][G4, 16, 4] u8 at stride ldg (a 16-row group's bytes); ws: [NV][S, 16] fp32;
+//   x4: [M, E] int32 (4 xq bytes an entry)
+template <int NV, int MT>
+TERNARY_VNNI void w8_tile_block(const W8Problem& p, const uint8_t* tile, int64_t ldg, const float* ws, int64_t m0,
+                                int64_t n0, int64_t valid, float* y) {
+  const W8Plan& plan = *p.plan;
+  const int32_t* x4 = reinterpret_cast<const int32_t*>(p.xe);
+  __m512 sum[NV][MT];
+  for (int v = 0; v < NV; ++v)
+    for (int i = 0; i < MT; ++i) sum[v][i] = _mm512_setzero_ps();
+  for (int64_t s = 0; s < p.S; ++s) {
+    const W8Segment& seg = plan.segments[s];
+    __m512i acc[NV][MT];
+    for (int i = 0; i < MT; ++i) {
+      const __m512i start = _mm512_set1_epi32(p.negsum[(m0 + i) * p.S + s]);
+      for (int v = 0; v < NV; ++v) acc[v][i] = start;
+    }
+    const uint8_t* w = tile + (plan.entry_chunk[seg.e0] - seg.e0) * 64;  // entry e's group at w + 64 e
+    for (int64_t e = seg.e0; e < seg.e1; ++e) {
+      __m512i u[NV];
+      for (int v = 0; v < NV; ++v) u[v] = _mm512_load_si512(w + v * ldg + e * 64);
+      for (int i = 0; i < MT; ++i) {
+        const __m512i xb = _mm512_set1_epi32(x4[(m0 + i) * p.E + e]);
+        for (int v = 0; v < NV; ++v) acc[v][i] = _mm512_dpbusd_epi32(acc[v][i], u[v], xb);
+      }
+    }
+    for (int v = 0; v < NV; ++v) {
+      const __m512 wsv = _mm512_load_ps(ws + (v * p.S + s) * 16);
+      for (int i = 0; i < MT; ++i) sum[v][i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[v][i]), wsv, sum[v][i]);
+    }
+  }
+  for (int v = 0; v < NV; ++v) {
+    const int64_t lanes = std::clamp<int64_t>(valid - 16 * v, 0, 16);
+    if (lanes == 0) break;
+    const __mmask16 mask = static_cast<__mmask16>((1u << lanes) - 1);
+    const __m512 bias = p.bias ? _mm512_maskz_loadu_ps(mask, p.bias + n0 + 16 * v) : _mm512_setzero_ps();
+    for (int i = 0; i < MT; ++i)
+      _mm512_mask_storeu_ps(y + (m0 + i) * p.N + n0 + 16 * v, mask,
+                            _mm512_fmadd_ps(sum[v][i], _mm512_set1_ps(p.sx[m0 + i]), bias));
+  }
+}
+
+template <int NV>
+TERNARY_VNNI void w8_tile_all_m(const W8Problem& p, const uint8_t* tile, int64_t ldg, const float* ws, int64_t n0,
+                                int64_t valid, int64_t m_begin, int64_t m_end, float* y) {
+  int64_t m0 = m_begin;
+  // 2 x 16 W rows and 6 x rows: 12 int32 accumulators, 12 fp32 sums, 2 weight vectors and an x
+  // broadcast in the 32 zmm; 12 vpdpbusd for 2 weight loads and 6 broadcasts
+  for (; m0 + 6 <= m_end; m0 += 6) w8_tile_block<NV, 6>(p, tile, ldg, ws, m0, n0, valid, y);
+  switch (m_end - m0) {
+    case 5: w8_tile_block<NV, 5>(p, tile, ldg, ws, m0, n0, valid, y); break;
+    case 4: w8_tile_block<NV, 4>(p, tile, ldg, ws, m0, n0, valid, y); break;
+    case 3: w8_tile_block<NV, 3>(p, tile, ldg, ws, m0, n0, valid, y); break;
+    case 2: w8_tile_block<NV, 2>(p, tile, ldg, ws, m0, n0, valid, y); break;
+    case 1: w8_tile_block<NV, 1>(p, tile, ldg, ws, m0, n0, valid, y); break;
+    default: break;
+  }
+}
+
+// 16 W rows (their 16 packed bytes from byte 16c each: rows[r]) to 16 groups of 4 columns,
+// group g = [16 rows, 4 u8] (64 bytes at out + 64 g): a 16 x 16 byte transpose (vpermt2b on four
+// rows a zmm), then each packed byte spread over its row's dword (vpermb), its codes to the
+// dword's bytes (vpmultishiftqb), code -> u (vpshufb).
+TERNARY_VNNI void decode_group16(const uint8_t* const* rows, int64_t c, uint8_t* out, const Decoder& d) {
+  __m512i a[4];  // a[k]: rows 4k .. 4k + 3, 16 bytes each
+  for (int k = 0; k < 4; ++k) {
+    __m512i v = _mm512_castsi128_si512(_mm_loadu_si128(reinterpret_cast<const __m128i*>(rows[4 * k] + 16 * c)));
+    for (int r = 1; r < 4; ++r)
+      v = _mm512_inserti32x4(v, _mm_loadu_si128(reinterpret_cast<const __m128i*>(rows[4 * k + r] + 16 * c)), r);
+    a[k] = v;
+  }
+  alignas(64) static const uint8_t kT[64] = {
+      // byte 16 jj + r: row r's byte jj of the 4 (column group 4p + jj), r mod 8 of a source pair
+      0,  16, 32, 48, 64, 80, 96, 112, 0,  16, 32, 48, 64, 80, 96, 112, 1,  17, 33, 49, 65, 81,
+      97, 113, 1, 17, 33, 49, 65, 81, 97, 113, 2,  18, 34, 50, 66, 82, 98, 114, 2,  18, 34, 50,
+      66, 82, 98, 114, 3,  19, 35, 51, 67, 83, 99, 115, 3,  19, 35, 51, 67, 83, 99, 115};
+  alignas(64) static const uint8_t kSpread[4][64] = {
+#define TERNARY_SPREAD(jj)                                                                              \
+  {16 * jj + 0,  16 * jj + 0,  16 * jj + 0,  16 * jj + 0,  16 * jj + 1,  16 * jj + 1,  16 * jj + 1,  16 * jj + 1,  \
+   16 * jj + 2,  16 * jj + 2,  16 * jj + 2,  16 * jj + 2,  16 * jj + 3,  16 * jj + 3,  16 * jj + 3,  16 * jj + 3,  \
+   16 * jj + 4,  16 * jj + 4,  16 * jj + 4,  16 * jj + 4,  16 * jj + 5,  16 * jj + 5,  16 * jj + 5,  16 * jj + 5,  \
+   16 * jj + 6,  16 * jj + 6,  16 * jj + 6,  16 * jj + 6,  16 * jj + 7,  16 * jj + 7,  16 * jj + 7,  16 * jj + 7,  \
+   16 * jj + 8,  16 * jj + 8,  16 * jj + 8,  16 * jj + 8,  16 * jj + 9,  16 * jj + 9,  16 * jj + 9,  16 * jj + 9,  \
+   16 * jj + 10, 16 * jj + 10, 16 * jj + 10, 16 * jj + 10, 16 * jj + 11, 16 * jj + 11, 16 * jj + 11, 16 * jj + 11, \
+   16 * jj + 12, 16 * jj + 12, 16 * jj + 12, 16 * jj + 12, 16 * jj + 13, 16 * jj + 13, 16 * jj + 13, 16 * jj + 13, \
+   16 * jj + 14, 16 * jj + 14, 16 * jj + 14, 16 * jj + 14, 16 * jj + 15, 16 * jj + 15, 16 * jj + 15, 16 * jj + 15}
+      TERNARY_SPREAD(0), TERNARY_SPREAD(1), TERNARY_SPREAD(2), TERNARY_SPREAD(3)};
+#undef TERNARY_SPREAD
+  // byte t of a dword: its packed byte's bits [2t, 2t + 2) (the dword's copies at bytes 0..3 /
+  // 4..7 of the qword: bit offsets 8b + 2t)
+  const __m512i shift = _mm512_set1_epi64(0x3E342A201E140A00ll);  // bytes 0, 10, 20, 30, 32, 42, 52, 62
+  const __m512i t0 = _mm512_load_si512(kT);
+  const __mmask64 high_rows = 0xFF00FF00FF00FF00ull;  // r >= 8: from rows 8..15 (a[2], a[3])
+  for (int pq = 0; pq < 4; ++pq) {
+    const __m512i idx = _mm512_add_epi8(t0, _mm512_set1_epi8(static_cast<char>(4 * pq)));
+    const __m512i z = _mm512_mask_blend_epi8(high_rows, _mm512_permutex2var_epi8(a[0], idx, a[1]),
+                                             _mm512_permutex2var_epi8(a[2], idx, a[3]));
+    for (int jj = 0; jj < 4; ++jj) {
+      const __m512i spread = _mm512_permutexvar_epi8(_mm512_load_si512(kSpread[jj]), z);
+      const __m512i codes = _mm512_and_si512(_mm512_multishift_epi64_epi8(shift, spread), d.three);
+      _mm512_store_si512(out + 64 * (4 * pq + jj), _mm512_shuffle_epi8(d.lut, codes));
+    }
+  }
+}
+
+}  // namespace
+
+TERNARY_VNNI void w8_rows_tile(const W8Problem& p, int64_t n0, int64_t n1, uint8_t* tile, float* ws_tile,
+                               float* y) {
+  const W8Plan& plan = *p.plan;
+  const Decoder dec = decoder();
+  const int64_t rows = n1 - n0, groups = (rows + 15) / 16;
+  const int64_t c64 = p.row_bytes / 16, ldg = c64 * 16 * 64;  // chunks of 64 columns; a group's bytes
+  const std::vector<uint8_t> zero_row(p.row_bytes, 0);
+  for (int64_t g = 0; g < groups; ++g) {
+    const uint8_t* src[16];
+    for (int r = 0; r < 16; ++r) src[r] = 16 * g + r < rows ? p.row(n0 + 16 * g + r) : zero_row.data();
+    for (int64_t c = 0; c < c64; ++c) decode_group16(src, c, tile + g * ldg + c * 16 * 64, dec);
+    // missing rows of the last group: scale 0
+    for (int64_t s = 0; s < p.S; ++s)
+      for (int r = 0; r < 16; ++r)
+        ws_tile[(g * p.S + s) * 16 + r] =
+            16 * g + r < rows ? half_to_float(p.scale[(n0 + 16 * g + r) * p.lds + plan.segments[s].block]) : 0.f;
+  }
+  // x rows in blocks of <= kXBlockBytes (L2, beside the tile), then 2 groups (32 W rows) a
+  // register block, the block's x rows 6 at a time inside: without the blocks every pair of
+  // groups streamed all of x from L3 (M 2048, K 1024: 2 MB a pair), and M 2048 ran below M 512
+  constexpr int64_t kXBlockBytes = 256 * 1024;
+  const int64_t mb = std::max<int64_t>(6, kXBlockBytes / std::max<int64_t>(p.E * 4, 1) / 6 * 6);
+  for (int64_t m_begin = 0; m_begin < p.M; m_begin += mb) {
+    const int64_t m_end = std::min(p.M, m_begin + mb);
+    for (int64_t g = 0; g < groups; g += 2) {
+      const int64_t valid = std::min<int64_t>(32, rows - 16 * g);
+      if (g + 1 < groups)
+        w8_tile_all_m<2>(p, tile + g * ldg, ldg, ws_tile + g * p.S * 16, n0 + 16 * g, valid, m_begin, m_end, y);
+      else
+        w8_tile_all_m<1>(p, tile + g * ldg, ldg, ws_tile + g * p.S * 16, n0 + 16 * g, valid, m_begin, m_end, y);
+    }
+  }
+}
+
+#else  // not x86-64: no kernels (ternary_cpu.h), the op refuses to run
+
+bool cpu_w2a8_supported() { return false; }
+
+#endif
+
+}  // namespace ternary_cpu
