@@ -111,10 +111,8 @@ def bench_layer(model, layer, k, n, m, l2, replays, humming_ok, s8_sweep=False):
     row["layout"], row["layout_why"] = layout, why
     row["backend"] = "humming int2" if layout == "humming" else f"ternary: {row['ours_kernel']}"
     row["ternary_us"] = row["humming_w2a16_us"] if layout == "humming" else row["ours_us"]
-    pick8 = dispatch.plan_w2a8(dispatch.Call(m, n, k), dev, layout8).backend
-    row["w2a8_layout"], row["w2a8_backend"] = layout8, pick8
-    row["ternary_w2a8_us"] = {"humming": row["humming_w2a8_us"], "ternary": row["ours_w2a8_us"]}.get(pick8)
     derive_both(row, dev, humming_ok)
+    derive_w2a8(row, dev, humming_ok)
     for key in KEYS:
         if row.get(key) is not None:
             row[key] = round(row[key], 3)
@@ -136,8 +134,22 @@ def derive_both(row: dict, dev, humming_ok: bool) -> None:
     row["both_us"] = row["humming_w2a16_us"] if pick == "humming" else row["ours_us"]
 
 
+def derive_w2a8(row: dict, dev, humming_ok: bool) -> None:
+    """The int8-activation mode as the plugin runs it: the layer's layout in that mode
+    (dispatch.plan_layout) and the kernel band Q1/Q2/QH picks, its time the timed one of that kernel."""
+    from ternary_plugin import dispatch
+
+    m, n, k = row["M"], row["N"], row["K"]
+    layout8, _ = dispatch.plan_layout(n, k, 128, 0, dev, backend="auto", humming_importable=humming_ok,
+                                      activation_dtype="int8")
+    pick8 = dispatch.plan_w2a8(dispatch.Call(m, n, k), dev, layout8).backend
+    row["w2a8_layout"], row["w2a8_backend"] = layout8, pick8
+    row["ternary_w2a8_us"] = {"humming": row["humming_w2a8_us"], "ternary": row.get("ours_w2a8_us")}.get(pick8)
+
+
 def derive(path: Path) -> None:
-    """Recompute the derived columns (both_*) and per_layer of a result with this checkout's table."""
+    """Recompute the derived columns (both_*, the W2A8 mode's pick) and per_layer of a result with
+    this checkout's table."""
     from ternary_plugin import dispatch
 
     result = json.loads(path.read_text())
@@ -145,9 +157,11 @@ def derive(path: Path) -> None:
     humming_ok = result.get("humming") is not None
     for row in result["rows"]:
         derive_both(row, dev, humming_ok)
+        derive_w2a8(row, dev, humming_ok)
     result["per_layer"] = per_layer(result["rows"])
-    result["derived"] = ("both_us, both_backend and per_layer recomputed from the timed columns by "
-                         "`python benchmarks/bench_band.py --derive` with ternary_plugin/dispatch.py's band H2")
+    result["derived"] = ("both_us, both_backend, w2a8_layout, w2a8_backend, ternary_w2a8_us and per_layer "
+                         "recomputed from the timed columns by `python benchmarks/bench_band.py --derive` with "
+                         "ternary_plugin/dispatch.py's bands H2 and Q1/Q2/QH")
     path.write_text(json.dumps(result, indent=1) + "\n")
     path.with_suffix(".md").write_text(markdown(result))
 

@@ -997,6 +997,8 @@ def markdown_8b(r: dict) -> str:
         lines += ["", "## Steps (gpu_e2e_run.sh)", "", "| stage | step | status | seconds | limit s |", "|---|---|---|---|---|"]
         for s in r["steps"]:
             lines.append(f"| {s.get('stage')} | {s['step']} | {s['status']} | {s.get('seconds')} | {s.get('limit_s')} |")
+    if r.get("ran"):
+        lines += ["", "This run's commands, as run:", ""] + [f"- `{c}`" for c in r["ran"]]
     if r.get("commands"):
         lines += ["", "Commands:", ""] + [f"- `{c}`" for c in r["commands"]]
     return "\n".join(lines) + "\n"
@@ -1026,8 +1028,10 @@ def plot_8b(r: dict, path: Path) -> None:
     fig.savefig(path, dpi=110)
 
 
-def report_8b(parts: Path, out: Path, name: str) -> int:
+def report_8b(parts: Path, out: Path, name: str, ran: list[str] | None = None) -> int:
     result = collect_8b(parts)
+    if ran:
+        result["ran"] = ran
     out.mkdir(parents=True, exist_ok=True)
     (out / f"{name}.json").write_text(json.dumps(result, indent=1) + "\n")
     (out / f"{name}.md").write_text(markdown_8b(result))
@@ -1081,6 +1085,8 @@ def main(argv=None) -> int:
     p.add_argument("parts", type=Path)
     p.add_argument("--out", type=Path, default=REPO / "benchmarks/results")
     p.add_argument("--name", default="e2e-8b-h200")
+    p.add_argument("--ran", action="append", default=[], metavar="COMMAND",
+                   help="a command that made these parts, as run (repeatable): the report lists them")
     a = ap.parse_args(argv)
     if a.cmd == "prepare-8b":
         return prepare_8b(a.root, a.out, a.step, a.shape)
@@ -1093,7 +1099,7 @@ def main(argv=None) -> int:
     if a.cmd == "humming-warmup":
         return humming_warmup(a.which, a.out)
     if a.cmd == "report-8b":
-        return report_8b(a.parts, a.out, a.name)
+        return report_8b(a.parts, a.out, a.name, a.ran)
     if a.cmd == "minilm-bf16":
         return minilm_bf16(a.dst)
     if a.cmd == "prepare":

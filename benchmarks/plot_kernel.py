@@ -16,7 +16,9 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 BAND_LINES = (("speedup_ternary", "op (default)", "-"), ("speedup_both", "op, both layouts", ":"),
               ("speedup_ours", "ours (ternary layout)", "--"), ("speedup_humming_w2a16", "Humming w2a16", "-."),
-              ("speedup_ternary_w2a8", "op W2A8 (Humming int2 x int8)", (0, (1, 3))))
+              ("speedup_ternary_w2a8", "op W2A8 (its dispatch)", (0, (1, 3))),
+              ("speedup_ours_w2a8", "ours W2A8 (s8 wgmma)", (0, (5, 2))),
+              ("speedup_humming_w2a8", "Humming w2a8", (0, (3, 1, 1, 1))))
 
 
 def band(result: dict, path: str) -> None:
