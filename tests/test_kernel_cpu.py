@@ -322,3 +322,28 @@ def test_inductor_keeps_the_op_opaque():
 
     y = torch.compile(f, backend="inductor", fullgraph=True)(x)
     assert torch.equal(y, f(x))
+
+
+@pytest.mark.parametrize("n,k", [(7, 5), (9, 12), (3, 28), (20, 1)])
+def test_short_rows_never_read_past_the_tensor(n, k):
+    """Rows of fewer than 8 bytes (K <= 28): the kernel's 8-byte chunk reads run into the next rows,
+    so the last ones are read from a padded copy (Problem::tail). The packed tensor here ends at a
+    page whose next page is inaccessible: a read past its end is a segfault, not a silent pass."""
+    import ctypes
+    import mmap
+
+    page = mmap.PAGESIZE
+    region = mmap.mmap(-1, 2 * page, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+    base = ctypes.addressof(ctypes.c_char.from_buffer(region))
+    assert ctypes.CDLL(None).mprotect(ctypes.c_void_p(base + page), page, 0) == 0  # PROT_NONE
+    g = torch.Generator().manual_seed(n * 100 + k)
+    packed = fmt.pack_ternary(torch.randint(-1, 2, (n, k), generator=g, dtype=torch.int8))
+    at_end = torch.frombuffer(region, dtype=torch.uint8, count=packed.numel(), offset=page - packed.numel())
+    at_end = at_end.view(packed.shape)
+    at_end.copy_(packed)
+    scale = (torch.rand(n, 1, generator=g) + 0.1).half()
+    x = torch.randn(3, k, generator=g)
+    # a read past the end kills the test process (seen: the kernel before Problem::tail, rc 139)
+    y = torch.ops.ternary_serve.gemm(x, at_end, scale, None, 128, 0)
+    ref = ops.reference_linear(x, packed, scale, None, 128, 0)
+    assert float((y - ref).abs().max()) <= 1e-5 * max(1.0, float(ref.abs().max()))

@@ -118,9 +118,12 @@ torch::Tensor gemm_cpu(const torch::Tensor& x,                  // [M, K] fp32 /
   const torch::Tensor bias_f = bias ? bias->to(at::kFloat).contiguous() : torch::Tensor();  // [N] fp32
   const Plan plan = make_plan(K, block_size, k_offset);
   const int64_t ldp = packed.size(1);
-  // row N - 1, zero-padded by 8 bytes: a chunk may read 7 bytes past a row (Problem::row)
-  const auto last_row = torch::zeros({ldp + 8}, packed.options());
-  last_row.narrow(0, 0, ldp).copy_(packed[N - 1]);
+  // The last rows, zero-padded by 8 bytes: a chunk may read 7 bytes past a row (Problem::row),
+  // which for rows of fewer than 8 bytes (K <= 28) reaches past the next row too: every row whose
+  // reads could end past the tensor, 1 + 7 / ldp of them, is read from this copy
+  const int64_t tail_rows = std::min<int64_t>(N, 1 + 7 / std::max<int64_t>(ldp, 1));
+  const auto tail = torch::zeros({tail_rows * ldp + 8}, packed.options());
+  tail.narrow(0, 0, tail_rows * ldp).copy_(packed.narrow(0, N - tail_rows, tail_rows).reshape({-1}));
   const Problem p{M,
                   N,
                   K,
@@ -130,7 +133,8 @@ torch::Tensor gemm_cpu(const torch::Tensor& x,                  // [M, K] fp32 /
                   scale.size(1),
                   bias ? bias_f.data_ptr<float>() : nullptr,
                   &plan,
-                  last_row.data_ptr<uint8_t>()};
+                  tail.data_ptr<uint8_t>(),
+                  N - tail_rows};
   const bool bf16 = dt == at::kBFloat16;
   const int64_t kc = (K + kChunk - 1) / kChunk * kChunk;  // K in whole chunks: the padded buffers' rows
 

@@ -45,10 +45,12 @@ struct Problem {
   int64_t lds;
   const float* bias;       // [N] fp32, or nullptr
   const Plan* plan;
-  const uint8_t* last_row; // row N - 1 of packed, zero-padded to >= 8 * ceil(K/32) bytes
+  const uint8_t* tail;     // rows tail_start .. N - 1 of packed, ldp apart, then 8 zero bytes
+  int64_t tail_start;      // the first row whose 8-byte chunks could reach past the tensor's end
 
-  // Row n's codes; a chunk may read up to 7 bytes past a row's ldp (see chunk_bits).
-  const uint8_t* row(int64_t n) const { return n == N - 1 ? last_row : packed + n * ldp; }
+  // Row n's codes; a chunk may read up to 7 bytes past a row's ldp (see chunk_bits): into the
+  // next row, or for the last rows into the tail copy's zero padding.
+  const uint8_t* row(int64_t n) const { return n >= tail_start ? tail + (n - tail_start) * ldp : packed + n * ldp; }
 };
 
 // Whether this CPU runs the kernels below (cpuid: avx512 f/bw/vl/dq/vbmi/bf16, f16c, fma).

@@ -86,8 +86,8 @@ bool cpu_supported() {
 namespace {
 
 // Packed bytes [8c, 8c + 8) of a row: a row's last chunk may end past its ldp bytes, inside the
-// next row (its lanes past K are masked off), and the last row is read from Problem::last_row,
-// a copy padded to whole chunks, so no chunk reads past the tensor. One plain load: a branch
+// next row (its lanes past K are masked off), and the last rows are read from Problem::tail,
+// a copy padded by 8 bytes, so no chunk reads past the tensor. One plain load: a branch
 // to a byte-wise tail copy here made gcc keep every accumulator in memory (4x slower at M 2).
 inline uint64_t chunk_bits(const uint8_t* row, int64_t c) {
   uint64_t v;
@@ -296,7 +296,7 @@ TERNARY_AVX512 void small_m_tiles(const Problem& p, float* y, int64_t t0, int64_
   Scratch<W> wbuf(kRows * plan.max_entries * kChunk);
   Scratch<float> tot(kRows * p.M * 16);
   Scratch<float> sc(kRows * plan.max_segments);
-  const std::vector<uint8_t> zero_packed(p.ldp + 8, 0);  // as long as last_row
+  const std::vector<uint8_t> zero_packed(p.ldp + 8, 0);  // a row and the 8 bytes a chunk may read past it
   const std::vector<uint16_t> zero_scale(p.lds, 0);
   for (int64_t t = t0; t < t1; ++t) {
     const int64_t n0 = t * kRows;
