@@ -173,7 +173,7 @@ def per_layer(rows: list) -> list:
             group = [r for r in rows if r["model"] == model and r["M"] == m]
             entry = {"model": model, "M": m, "layers": len(group)}
             for key in KEYS:
-                vals = [r[key] for r in group]
+                vals = [r.get(key) for r in group]  # a column older results lack counts as untimed
                 entry[key] = round(sum(vals), 3) if all(v is not None for v in vals) else None
             cub = entry["cublas_bf16_us"]
             for key in KEYS:
