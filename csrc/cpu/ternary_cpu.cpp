@@ -70,7 +70,37 @@ int64_t small_m_max(bool bf16) {
 }
 
 // Error messages as one string (csrc/ternary_check.h says why).
-#define CHECK_ARG(cond, ...) TERNARY_CHECK_ARG("ternary_serve::gemm (CPU): ", cond, __VA_ARGS__)
+constexpr const char* kGemmPrefix = "ternary_serve::gemm (CPU): ";
+constexpr const char* kW8Prefix = "ternary_serve::gemm_w2a8 (CPU): ";
+
+// The weight tensors' checks of both CPU ops (x's own checks are each op's): packed, scale, the
+// block geometry and bias against x's K and dtype. `prefix` names the op in the message.
+void check_weights(const char* prefix, const torch::Tensor& x, const torch::Tensor& packed, const torch::Tensor& scale,
+                   const std::optional<torch::Tensor>& bias, int64_t block_size, int64_t k_offset) {
+  const auto dt = x.scalar_type();
+  TERNARY_CHECK_ARG(prefix, packed.dim() == 2 && packed.scalar_type() == at::kByte, "packed must be a 2-D uint8 tensor [N, ",
+                    "ceil(K/4)], got ", packed.scalar_type(), " of shape ", packed.sizes());
+  TERNARY_CHECK_ARG(prefix, scale.dim() == 2 && scale.scalar_type() == at::kHalf, "scale must be a 2-D float16 tensor [N, ",
+                    "ceil((k_offset + K)/block_size)], got ", scale.scalar_type(), " of shape ", scale.sizes());
+  TERNARY_CHECK_ARG(prefix, block_size > 0, "block_size must be positive, got ", block_size);
+  TERNARY_CHECK_ARG(prefix, k_offset >= 0 && k_offset < block_size, "k_offset must be in [0, block_size=", block_size,
+                    "), got ", k_offset);
+  const int64_t K = x.size(1), N = packed.size(0);
+  const int64_t need_p = (K + 3) / 4, need_s = (k_offset + K + block_size - 1) / block_size;
+  TERNARY_CHECK_ARG(prefix, packed.size(1) >= need_p, "packed has shape ", packed.sizes(), ": ", packed.size(1),
+                    " bytes a row, needs ceil(K/4) = ", need_p, " for K=", K, " (x has shape ", x.sizes(), ")");
+  TERNARY_CHECK_ARG(prefix, scale.size(0) == N && scale.size(1) >= need_s, "scale has shape ", scale.sizes(),
+                    ", needs [N=", N, ", >= ", need_s, "] for K=", K, ", block_size=", block_size, ", k_offset=",
+                    k_offset);
+  if (bias) {
+    TERNARY_CHECK_ARG(prefix, bias->device().is_cpu() && bias->dim() == 1 && bias->size(0) == N &&
+                                  bias->scalar_type() == dt,
+                      "bias must be a CPU tensor [N=", N, "] in x's dtype ", dt, ", got ", bias->scalar_type(),
+                      " of shape ", bias->sizes());
+  }
+}
+
+#define CHECK_ARG(cond, ...) TERNARY_CHECK_ARG(kGemmPrefix, cond, __VA_ARGS__)
 
 // The instruction set the CPU kernel runs with on this machine, "" where it cannot run.
 std::string kernel_isa() {
@@ -92,24 +122,8 @@ torch::Tensor gemm_cpu(const torch::Tensor& x,                  // [M, K] fp32 /
   const auto dt = x.scalar_type();
   CHECK_ARG(dt == at::kFloat || dt == at::kBFloat16 || dt == at::kHalf, "x must be float32, bfloat16 or float16, got ",
             dt);
-  CHECK_ARG(packed_in.dim() == 2 && packed_in.scalar_type() == at::kByte, "packed must be a 2-D uint8 tensor [N, ",
-            "ceil(K/4)], got ", packed_in.scalar_type(), " of shape ", packed_in.sizes());
-  CHECK_ARG(scale_in.dim() == 2 && scale_in.scalar_type() == at::kHalf, "scale must be a 2-D float16 tensor [N, ",
-            "ceil((k_offset + K)/block_size)], got ", scale_in.scalar_type(), " of shape ", scale_in.sizes());
-  CHECK_ARG(block_size > 0, "block_size must be positive, got ", block_size);
-  CHECK_ARG(k_offset >= 0 && k_offset < block_size, "k_offset must be in [0, block_size=", block_size, "), got ",
-            k_offset);
+  check_weights(kGemmPrefix, x, packed_in, scale_in, bias, block_size, k_offset);
   const int64_t M = x.size(0), K = x.size(1), N = packed_in.size(0);
-  const int64_t need_p = (K + 3) / 4, need_s = (k_offset + K + block_size - 1) / block_size;
-  CHECK_ARG(packed_in.size(1) >= need_p, "packed has shape ", packed_in.sizes(), ": ", packed_in.size(1),
-            " bytes a row, needs ceil(K/4) = ", need_p, " for K=", K, " (x has shape ", x.sizes(), ")");
-  CHECK_ARG(scale_in.size(0) == N && scale_in.size(1) >= need_s, "scale has shape ", scale_in.sizes(),
-            ", needs [N=", N, ", >= ", need_s, "] for K=", K, ", block_size=", block_size, ", k_offset=", k_offset);
-  if (bias) {
-    CHECK_ARG(bias->device().is_cpu() && bias->dim() == 1 && bias->size(0) == N && bias->scalar_type() == dt,
-              "bias must be a CPU tensor [N=", N, "] in x's dtype ", dt, ", got ", bias->scalar_type(), " of shape ",
-              bias->sizes());
-  }
   auto y = torch::empty({M, N}, x.options());
   if (M == 0 || N == 0) return y;
   if (K == 0) return bias ? y.copy_(bias->unsqueeze(0).expand({M, N})) : y.zero_();
@@ -195,7 +209,7 @@ torch::Tensor gemm_cpu(const torch::Tensor& x,                  // [M, K] fp32 /
 
 // ---- gemm_w2a8 and quantize_int8 (the W2A8 mode; kernel: ternary_cpu_w2a8.cpp) --------------
 
-#define CHECK_W8(cond, ...) TERNARY_CHECK_ARG("ternary_serve::gemm_w2a8 (CPU): ", cond, __VA_ARGS__)
+#define CHECK_W8(cond, ...) TERNARY_CHECK_ARG(kW8Prefix, cond, __VA_ARGS__)
 
 // "avx512_vnni" where this CPU runs the W2A8 kernel, "" where it cannot.
 std::string w2a8_isa() {
@@ -288,24 +302,8 @@ torch::Tensor gemm_w2a8_cpu(const torch::Tensor& x,                   // [M, K] 
   check_w8_x(x, "gemm_w2a8");
   const auto dt = x.scalar_type();
   CHECK_W8(packed_in.device().is_cpu() && scale_in.device().is_cpu(), "packed and scale must be CPU tensors");
-  CHECK_W8(packed_in.dim() == 2 && packed_in.scalar_type() == at::kByte, "packed must be a 2-D uint8 tensor [N, ",
-           "ceil(K/4)], got ", packed_in.scalar_type(), " of shape ", packed_in.sizes());
-  CHECK_W8(scale_in.dim() == 2 && scale_in.scalar_type() == at::kHalf, "scale must be a 2-D float16 tensor [N, ",
-           "ceil((k_offset + K)/block_size)], got ", scale_in.scalar_type(), " of shape ", scale_in.sizes());
-  CHECK_W8(block_size > 0, "block_size must be positive, got ", block_size);
-  CHECK_W8(k_offset >= 0 && k_offset < block_size, "k_offset must be in [0, block_size=", block_size, "), got ",
-           k_offset);
+  check_weights(kW8Prefix, x, packed_in, scale_in, bias, block_size, k_offset);
   const int64_t M = x.size(0), K = x.size(1), N = packed_in.size(0);
-  const int64_t need_p = (K + 3) / 4, need_s = (k_offset + K + block_size - 1) / block_size;
-  CHECK_W8(packed_in.size(1) >= need_p, "packed has shape ", packed_in.sizes(), ": ", packed_in.size(1),
-           " bytes a row, needs ceil(K/4) = ", need_p, " for K=", K, " (x has shape ", x.sizes(), ")");
-  CHECK_W8(scale_in.size(0) == N && scale_in.size(1) >= need_s, "scale has shape ", scale_in.sizes(),
-           ", needs [N=", N, ", >= ", need_s, "] for K=", K, ", block_size=", block_size, ", k_offset=", k_offset);
-  if (bias) {
-    CHECK_W8(bias->device().is_cpu() && bias->dim() == 1 && bias->size(0) == N && bias->scalar_type() == dt,
-             "bias must be a CPU tensor [N=", N, "] in x's dtype ", dt, ", got ", bias->scalar_type(), " of shape ",
-             bias->sizes());
-  }
   auto y = torch::empty({M, N}, x.options());
   if (M == 0 || N == 0) return y;
   if (K == 0) return bias ? y.copy_(bias->unsqueeze(0).expand({M, N})) : y.zero_();
