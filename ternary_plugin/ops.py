@@ -100,47 +100,41 @@ def op_available() -> bool:
 CPU_KERNEL_ENV = "TERNARY_CPU_KERNEL"  # ternary_plugin/envs.py
 
 
-def cpu_kernel_isa() -> str | None:
-    """The instruction set the CPU kernel runs with here ("avx512_bf16"), or None where CPU
-    tensors take the reference path; the reason is in ``_state["cpu_why"]``. Decided once."""
-    if "cpu_isa" not in _state:
+def _cpu_isa(key: str, why_key: str, query: str, kernel: str, needs: str) -> str | None:
+    """A CPU kernel's instruction set, decided once: torch.ops.ternary_serve.<query>() where the
+    extension has it and TERNARY_CPU_KERNEL is not 0, else None with the reason in
+    ``_state[why_key]``. ``kernel`` and ``needs`` word that reason."""
+    if key not in _state:
         isa, why = None, None
         if envs.get(CPU_KERNEL_ENV) == "0":
             why = f"{CPU_KERNEL_ENV}=0"
         elif not op_available():
             why = f"extension not built ({_state.get('why', 'no torch.ops.ternary_serve.gemm')})"
-        elif not hasattr(getattr(torch.ops, OP_NAMESPACE), "cpu_kernel_isa"):
-            why = "the extension was built without the CPU kernel (TERNARY_BUILD_CPU=0)"
+        elif not hasattr(getattr(torch.ops, OP_NAMESPACE), query):
+            why = f"the extension was built without {kernel}"
         else:
-            isa = torch.ops.ternary_serve.cpu_kernel_isa() or None
+            isa = getattr(torch.ops.ternary_serve, query)() or None
             if isa is None:
-                why = "this CPU lacks AVX512-F/BW/VL/DQ, VBMI or AVX512-BF16 (or is not x86-64)"
+                why = f"this CPU lacks {needs} (or is not x86-64)"
             else:
                 _register_fake()  # the kernel path must be traceable wherever it is taken
-        _state["cpu_isa"], _state["cpu_why"] = isa, why
-    return _state["cpu_isa"]  # type: ignore[return-value]
+        _state[key], _state[why_key] = isa, why
+    return _state[key]  # type: ignore[return-value]
+
+
+def cpu_kernel_isa() -> str | None:
+    """The instruction set the CPU kernel runs with here ("avx512_bf16"), or None where CPU
+    tensors take the reference path; the reason is in ``_state["cpu_why"]``. Decided once."""
+    return _cpu_isa("cpu_isa", "cpu_why", "cpu_kernel_isa", "the CPU kernel (TERNARY_BUILD_CPU=0)",
+                    "AVX512-F/BW/VL/DQ, VBMI or AVX512-BF16")
 
 
 def cpu_w2a8_isa() -> str | None:
     """The instruction set the W2A8 CPU kernel (``gemm_w2a8`` on CPU tensors) runs with here
     ("avx512_vnni"), or None where the mode's CPU tensors take the reference op; the reason is in
     ``_state["cpu_w2a8_why"]``. Decided once; TERNARY_CPU_KERNEL=0 turns it off too."""
-    if "cpu_w2a8_isa" not in _state:
-        isa, why = None, None
-        if envs.get(CPU_KERNEL_ENV) == "0":
-            why = f"{CPU_KERNEL_ENV}=0"
-        elif not op_available():
-            why = f"extension not built ({_state.get('why', 'no torch.ops.ternary_serve.gemm')})"
-        elif not hasattr(getattr(torch.ops, OP_NAMESPACE), "cpu_w2a8_isa"):
-            why = "the extension was built without the W2A8 CPU kernel (TERNARY_BUILD_CPU=0 or an older build)"
-        else:
-            isa = torch.ops.ternary_serve.cpu_w2a8_isa() or None
-            if isa is None:
-                why = "this CPU lacks AVX512-F/BW/VL/DQ, VBMI or AVX512-VNNI (or is not x86-64)"
-            else:
-                _register_fake()
-        _state["cpu_w2a8_isa"], _state["cpu_w2a8_why"] = isa, why
-    return _state["cpu_w2a8_isa"]  # type: ignore[return-value]
+    return _cpu_isa("cpu_w2a8_isa", "cpu_w2a8_why", "cpu_w2a8_isa",
+                    "the W2A8 CPU kernel (TERNARY_BUILD_CPU=0 or an older build)", "AVX512-F/BW/VL/DQ, VBMI or AVX512-VNNI")
 
 
 def _cpu_w2a8_kernel(x: torch.Tensor, token_block: bool = False) -> bool:
