@@ -45,6 +45,9 @@ def run(args) -> dict:
 
     torch.set_num_threads(args.threads)
     src = source_dir(args.src)
+    cuda = args.device.startswith("cuda")
+    if cuda:
+        torch.cuda.reset_peak_memory_stats()
     load_before = os.getloadavg()
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
@@ -57,8 +60,9 @@ def run(args) -> dict:
         distilled = convert(src=src, dst=tmp / "distilled", distill=opts)
         distill_seconds = time.time() - t0
     d = distilled.distill
+    model = "all-MiniLM-L6-v2" if args.src == "minilm" else str(args.src)
     result = {
-        "what": "all-MiniLM-L6-v2: plain absmean ternary vs ternary-aware distillation, agreement with the "
+        "what": f"{model}: plain absmean ternary vs ternary-aware distillation, agreement with the "
                 "original model (embedding cosine per text, Spearman of all pair similarities, nearest-neighbour "
                 "agreement)",
         "command": shlex.join(["python", *sys.argv]),
@@ -72,7 +76,9 @@ def run(args) -> dict:
                    "general": d.general, "held_out_texts": d.after.held_out.texts,
                    "general_texts": d.after.general.texts},
         "seconds": {"plain_conversion": plain_seconds, "distillation": d.seconds,
-                    "distilled_conversion_total": distill_seconds},
+                    "distilled_conversion_total": distill_seconds, "per_step": d.seconds / d.steps},
+        # the whole run's peak of torch's CUDA allocator (teacher, student, AdamW state, activations)
+        "peak_cuda_memory_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2) if cuda else None,
         "plain": {k: asdict(getattr(d.before, k)) for k in SETS},
         "distilled": {k: asdict(getattr(d.after, k)) for k in SETS},
         "sample_sentences_cosine": {"plain": plain.embedding_cosine, "distilled": distilled.embedding_cosine},
@@ -100,7 +106,7 @@ def _check(r: dict) -> list[str]:
     return out
 
 
-def render(r: dict, out: Path) -> None:
+def render(r: dict, out: Path, name: str = "quality") -> None:
     rows = ["| model | set | cosine mean | cosine min | Spearman | NN agreement |", "|---|---|---|---|---|---|"]
     for model in ("plain", "distilled"):
         for key, label in SETS.items():
@@ -112,7 +118,7 @@ def render(r: dict, out: Path) -> None:
     load = mach["load_average_before"][0], mach["load_average_after"][0]
     cos = {k: _mean(v) for k, v in r["sample_sentences_cosine"].items()}
     md = [
-        "# Ternary MiniLM: plain vs distilled", "",
+        f"# {r['what'].split(':')[0]}: plain vs distilled ternary", "",
         (f"`{r['command']}`: torch {r['torch']}, device {rec['device']}{gpu}, {r['threads']} threads, {mach['cpu']} "
          f"({mach['cores']} cores); load average {load[0]:.1f} before, {load[1]:.1f} after. {mach['note']}"), "",
         (f"Distillation: {rec['steps']} steps of {rec['batch_size']} texts (<= {rec['max_tokens']} tokens), AdamW "
@@ -128,7 +134,9 @@ def render(r: dict, out: Path) -> None:
         "| step | held-out cosine | held-out Spearman | general cosine | general Spearman |", "|---|---|---|---|---|",
         *[f"| {c['step']} | {c['held_out']['cosine_mean']:.3f} | {c['held_out']['spearman']:.3f} | "
           f"{c['general']['cosine_mean']:.3f} | {c['general']['spearman']:.3f} |" for c in r["curve"]],
-        "", "![cosine and Spearman against steps](quality.png)", "",
+        "", *([f"Peak CUDA memory (torch's allocator): {r['peak_cuda_memory_gib']} GiB; {sec.get('per_step', sec['distillation'] / rec['steps']):.2f} s a step.", ""]
+          if r.get("peak_cuda_memory_gib") is not None else []),
+        f"![cosine and Spearman against steps]({name}.png)", "",
     ]
     if r.get("recipe_development"):
         dev = r["recipe_development"]
@@ -137,7 +145,7 @@ def render(r: dict, out: Path) -> None:
                "|---|---|---|---|---|---|---|",
                *[f"| {x['name']} | {x['curve'][-1][0]} | {x['seconds']:.0f} | "
                  + " | ".join(f"{v:.3f}" for v in x["curve"][-1][1:]) + " |" for x in dev["runs"]], ""]
-    (out / "quality.md").write_text("\n".join(md))
+    (out / f"{name}.md").write_text("\n".join(md))
 
     import matplotlib
 
@@ -155,9 +163,9 @@ def render(r: dict, out: Path) -> None:
         ax.set_xlabel("distillation step (batch 32)")
         ax.grid(alpha=0.3)
     axes[0].legend(fontsize=8, loc="lower right")
-    fig.suptitle(f"ternary MiniLM distilled on {r['recipe']['device']} (step 0 = plain absmean)")
+    fig.suptitle(f"ternary {r['what'].split(':')[0]} distilled on {r['recipe']['device']} (step 0 = plain absmean)")
     fig.tight_layout()
-    fig.savefig(out / "quality.png", dpi=110)
+    fig.savefig(out / f"{name}.png", dpi=110)
 
 
 def _mean(xs: list[float]) -> float:
@@ -176,6 +184,7 @@ def main() -> int:
     ap.add_argument("--corpus", type=Path, help="training texts (default: the distillation's default corpus)")
     ap.add_argument("--general", type=Path, help="general-English texts (default: WordNet's usage examples)")
     ap.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results")
+    ap.add_argument("--name", default="quality", help="file stem of the JSON, md and png (default quality)")
     ap.add_argument("--render", type=Path, metavar="JSON", help="only write the md and png of a quality.json")
     ap.add_argument("--recipe-runs", type=Path, metavar="JSON",
                     help="with --render: add these runs ([{name, seconds, curve: [[step, held-out cosine, "
@@ -187,12 +196,12 @@ def main() -> int:
         if args.recipe_runs:
             result["recipe_development"] = {"note": args.recipe_note, "runs": json.loads(args.recipe_runs.read_text())}
             args.render.write_text(json.dumps(result, indent=2) + "\n")
-        render(result, args.render.parent)
+        render(result, args.render.parent, args.render.stem)
         return 0
     result = run(args)
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "quality.json").write_text(json.dumps(result, indent=2) + "\n")
-    render(result, args.out)
+    (args.out / f"{args.name}.json").write_text(json.dumps(result, indent=2) + "\n")
+    render(result, args.out, args.name)
     print("\n".join(result["target_check"]))
     return 0
 

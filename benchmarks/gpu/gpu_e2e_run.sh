@@ -23,6 +23,8 @@
 #   bash benchmarks/gpu/gpu_e2e_run.sh e2e8b_serve     # at once after it (the models live in /root/e2e8b only
 #                                                   # while the machine is warm): W2A8 offline unless done,
 #                                                   # Ray Serve ternary, bf16, W2A8 if time is left (<= 550 s)
+#   bash benchmarks/gpu/gpu_e2e_run.sh e2e8b_profile   # after them: torch.profiler of c1 / c16 per engine
+#   bash benchmarks/gpu/gpu_e2e_run.sh distill06b      # the distillation's time and memory at 0.6B size
 #   (E2E8B_BUDGET=seconds bounds each of the two, default 550; lower it by setup's time when the same
 #    call runs setup first. E2E8B_SHAPE=tiny: the 2-layer stand-in, a quick check of the stage itself)
 #
@@ -457,6 +459,49 @@ stage_e2e8b_serve() {
   [ -e "$E2E8B_ROOT/done-reference" ] || e8_reference 0
   e8_serve ternary_w2a8 "$ternary" 240 0 150 --activation-dtype int8
   e8_summary
+}
+
+# Where the 8B engines' time goes at c1 / c16 (benchmarks/probes/engine_profile.py; the models of
+# e2e8b_prepare_offline, still on the warm machine): ternary (auto layout), bf16, and ternary on our
+# kernels alone (TERNARY_GPU_BACKEND=ternary), each in its own process under its own bound
+stage_e2e8b_profile() {
+  e8_init e2e8b_profile
+  local v
+  for v in ternary bf16; do
+    e8_step "profile_$v" 200 0 90 "$LOGS/e2e8b-profile-$v.log" \
+      python3 benchmarks/probes/engine_profile.py "$E2E8B_ROOT/models" "$v" "$OUT/e2e8b-profile-$v.json"
+  done
+  e8_step profile_ternary_ours 200 0 90 "$LOGS/e2e8b-profile-ternary-ours.log" env TERNARY_GPU_BACKEND=ternary \
+    python3 benchmarks/probes/engine_profile.py "$E2E8B_ROOT/models" ternary "$OUT/e2e8b-profile-ternary-ours.json"
+  grep -h " c1: \| c16: " "$LOGS"/e2e8b-profile-*.log
+}
+
+# Issue #25 at 0.6B size on the GPU: the distillation recipe's time a step and peak memory on a
+# random Qwen3-Embedding-0.6B-shaped model (random weights: time and memory only, not quality). The
+# default corpus needs WordNet (99 MB, not carried): the texts are the machine's standard-library
+# docstrings, modules A-R to train on, S-Z as the "general" set
+stage_distill06b() {
+  local root=/root/distill06b steps=${DISTILL_STEPS:-100}
+  mkdir -p "$root"
+  python3 - "$root" <<'PY' || return 1
+import sys, torch
+from pathlib import Path
+from ternary_plugin import distill
+from ternary_plugin.synthetic import QWEN3_EMBEDDING_0_6B, make_qwen3
+root = Path(sys.argv[1])
+if not (root / "src" / "config.json").exists():
+    make_qwen3(root / "src", dtype=torch.bfloat16, **QWEN3_EMBEDDING_0_6B)
+texts = distill.stdlib_docstrings()
+cut = int(len(texts) * 0.8)
+(root / "corpus.txt").write_text("\n".join(texts[:cut]) + "\n")
+(root / "general.txt").write_text("\n".join(texts[cut:]) + "\n")
+print(len(texts[:cut]), "training texts,", len(texts[cut:]), "general")
+PY
+  timeout 420 python3 benchmarks/distill_quality.py --src "$root/src" --device cuda --steps "$steps" --eval-every 50 \
+    --corpus "$root/corpus.txt" --general "$root/general.txt" --out "$OUT" --name quality-0.6b-h200 \
+    --note "random Qwen3-Embedding-0.6B-shaped weights (time and memory of the recipe, not quality); texts: the GPU machine's standard-library docstrings (first 80 % to train, the rest as the general set)" \
+    > "$LOGS/distill06b.log" 2>&1; local rc=$?
+  tail -12 "$LOGS/distill06b.log"; return $rc
 }
 
 for stage in "$@"; do
