@@ -10,7 +10,8 @@ import os
 
 from setuptools import setup
 
-CPU_SOURCES = ["csrc/cpu/ternary_cpu.cpp", "csrc/cpu/ternary_cpu_kernels.cpp", "csrc/cpu/ternary_cpu_w2a8.cpp"]
+CPU_SOURCES = ["csrc/cpu/ternary_cpu.cpp", "csrc/cpu/ternary_cpu_kernels.cpp", "csrc/cpu/ternary_cpu_avx2.cpp",
+               "csrc/cpu/ternary_cpu_w2a8.cpp"]
 SCHEMA = ["csrc/ternary_schema.cpp"]
 # No -march: the wheel must load on any x86-64; the AVX-512 functions carry target attributes.
 # -fopenmp: at::parallel_for is header code, serial unless the extension itself is built with
@@ -44,7 +45,7 @@ if have_cuda:
             ["csrc/ternary_ops.cpp", "csrc/ternary_gemm.cu", "csrc/ternary_mma.cu", "csrc/ternary_tiled.cu",
              "csrc/ternary_wgmma.cu", "csrc/ternary_wgmma_s8.cu", *SCHEMA, *cpu],
             depends=["csrc/ternary_common.cuh", "csrc/ternary_mma.cuh", "csrc/ternary_wgmma.h", "csrc/ternary_wgmma.cuh",
-                     "csrc/ternary_wgmma_s8.h", "csrc/ternary_check.h", "csrc/cpu/ternary_cpu.h"],
+                     "csrc/ternary_wgmma_s8.h", "csrc/ternary_check.h", "csrc/cpu/ternary_cpu.h", "csrc/cpu/ternary_cpu_tiles.h"],
             extra_link_args=LINK_FLAGS,
             extra_compile_args={
                 "cxx": CXX_FLAGS,
@@ -57,7 +58,7 @@ elif torch is not None and cpu:
         CppExtension(
             "ternary_plugin._C",
             [*SCHEMA, *cpu],
-            depends=["csrc/ternary_check.h", "csrc/cpu/ternary_cpu.h"],
+            depends=["csrc/ternary_check.h", "csrc/cpu/ternary_cpu.h", "csrc/cpu/ternary_cpu_tiles.h"],
             extra_compile_args={"cxx": CXX_FLAGS},
             extra_link_args=LINK_FLAGS,
         )

@@ -158,7 +158,8 @@ def target_w2a8(row) -> float | None:
 
 def markdown(meta: dict, rows: list[dict]) -> str:
     out = [f"# CPU kernel vs torch matmul ({meta['machine']['cpu']}, {meta['machine']['cores']} cores)", "",
-           f"`{meta['command']}`", "",
+           f"`{' '.join(f'{k}={v}' for k, v in meta.get('env', {}).items() if k != 'OMP_NUM_THREADS')}"
+           f"{' ' if meta.get('env') else ''}{meta['command']}`", "",
            f"torch {meta['torch']}, kernel ISA {meta['kernel_isa']}, flags {' '.join(meta['machine']['flags'])}. "
            f"{meta['load_note']}", "",
            "Times in ms (median); speedup = torch time / ternary time; the torch columns are the same "
@@ -251,6 +252,9 @@ def main(argv=None) -> int:
         "machine": machine(), "torch": torch.__version__, "python": platform.python_version(),
         "kernel_isa": ops.cpu_kernel_isa(), "w2a8_kernel_isa": ops.cpu_w2a8_isa() if w2a8 else None,
         "command": " ".join(["python benchmarks/bench_cpu_kernel.py", *(argv if argv is not None else sys.argv[1:])]),
+        # what chose the instruction sets: ours (TERNARY_CPU_ISA) and oneDNN's / MKL's for torch's matmuls
+        "env": {k: v for k, v in sorted(os.environ.items())
+                if k in ("TERNARY_CPU_ISA", "ONEDNN_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS", "OMP_NUM_THREADS")},
         "load_average_before_after": [round(load_before[0], 2), round(load_after[0], 2)],
         "machine_shared": shared,
         "load_note": ("The machine was shared with other work during the run (1-minute load average "

@@ -123,10 +123,11 @@ def _cpu_isa(key: str, why_key: str, query: str, kernel: str, needs: str) -> str
 
 
 def cpu_kernel_isa() -> str | None:
-    """The instruction set the CPU kernel runs with here ("avx512_bf16"), or None where CPU
-    tensors take the reference path; the reason is in ``_state["cpu_why"]``. Decided once."""
+    """The instruction set the CPU kernel runs with here ("avx512_bf16" or "avx2", as
+    TERNARY_CPU_ISA allows), or None where CPU tensors take the reference path; the reason is in
+    ``_state["cpu_why"]``. Decided once."""
     return _cpu_isa("cpu_isa", "cpu_why", "cpu_kernel_isa", "the CPU kernel (TERNARY_BUILD_CPU=0)",
-                    "AVX512-F/BW/VL/DQ, VBMI or AVX512-BF16")
+                    "both AVX-512 (F/BW/VL/DQ, VBMI, BF16) and AVX2 with FMA and F16C")
 
 
 def cpu_w2a8_isa() -> str | None:

@@ -48,8 +48,16 @@ def _cpu_flags() -> set[str]:
     return set(line.split(":", 1)[-1].split())
 
 
-# The kernel's instructions, as /proc/cpuinfo names them (ternary_cpu_kernels.cpp: cpu_supported).
-KERNEL_FLAGS = {"avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512vbmi", "avx512_bf16", "f16c", "fma"}
+# The kernel's instructions, as /proc/cpuinfo names them (ternary_cpu_kernels.cpp: cpu_supported;
+# ternary_cpu_avx2.cpp: cpu_avx2_supported). TERNARY_CPU_ISA=avx2 runs this module on the AVX2
+# code (test_avx2_code_passes_this_module does, on a CPU that has AVX-512 too).
+AVX512_FLAGS = {"avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512vbmi", "avx512_bf16", "f16c", "fma"}
+AVX2_FLAGS = {"avx2", "fma", "f16c"}
+FORCED_ISA = os.environ.get("TERNARY_CPU_ISA", "auto") or "auto"
+if FORCED_ISA == "avx2":
+    KERNEL_FLAGS, EXPECTED_ISA = AVX2_FLAGS, "avx2"
+else:
+    KERNEL_FLAGS, EXPECTED_ISA = (AVX512_FLAGS, "avx512_bf16") if AVX512_FLAGS <= _cpu_flags() else (AVX2_FLAGS, "avx2")
 HAS_KERNEL_CPU = KERNEL_FLAGS <= _cpu_flags()
 needs_kernel_cpu = pytest.mark.skipif(
     not HAS_KERNEL_CPU, reason=f"this CPU lacks {sorted(KERNEL_FLAGS - _cpu_flags())} (the CI machine has them)"
@@ -272,15 +280,42 @@ def test_bad_arguments_are_named(what, change, match):
 
 def test_isa_query_matches_cpuinfo():
     """The kernel's cpuid check agrees with /proc/cpuinfo: on the CI machine (AMD EPYC, Zen 4)
-    it must say avx512_bf16."""
-    assert torch.ops.ternary_serve.cpu_kernel_isa() == ("avx512_bf16" if HAS_KERNEL_CPU else "")
+    it must say avx512_bf16 (avx2 where TERNARY_CPU_ISA=avx2 asks for it)."""
+    assert torch.ops.ternary_serve.cpu_kernel_isa() == (EXPECTED_ISA if HAS_KERNEL_CPU else "")
+    if FORCED_ISA == "avx2":  # the W2A8 kernel needs AVX512-VNNI: capped off with the rest
+        assert torch.ops.ternary_serve.cpu_w2a8_isa() == ""
+
+
+@pytest.mark.skipif(FORCED_ISA == "avx2" or not AVX2_FLAGS <= _cpu_flags(),
+                    reason="runs in the default process, on a CPU with AVX2")
+def test_avx2_code_passes_this_module():
+    """The AVX2 code (ternary_cpu_avx2.cpp) through every test here: this module in a process
+    with TERNARY_CPU_ISA=avx2, both regimes included (test_both_regimes_everywhere's processes
+    inherit it). On an AVX-512 machine such as CI's this is the only run of that code."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-k", "not test_avx2_code_passes_this_module",
+         str(Path(__file__))],
+        capture_output=True, text=True, timeout=600, cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO), "TERNARY_CPU_ISA": "avx2"})
+    tail = proc.stdout[-3000:] + proc.stderr[-2000:]
+    assert proc.returncode == 0, tail
+    import re
+
+    passed = re.search(r"(\d+) passed", proc.stdout)
+    assert passed and int(passed.group(1)) >= 150 and " skipped" not in proc.stdout.splitlines()[-1], tail
+
+
+def test_bad_isa_request_is_named():
+    proc = _run_subprocess("import torch, ternary_plugin._C; torch.ops.ternary_serve.cpu_kernel_isa()",
+                           TERNARY_CPU_ISA="avx9")
+    assert proc.returncode != 0 and "TERNARY_CPU_ISA=avx9: must be auto, avx512_bf16 or avx2" in proc.stderr, proc.stderr
 
 
 @needs_kernel_cpu
 def test_ternary_linear_takes_the_kernel():
     if os.environ.get(ops.CPU_KERNEL_ENV) == "0":
         pytest.fail(f"{ops.CPU_KERNEL_ENV}=0 is set for the test run: unset it to test the kernel path")
-    assert ops.cpu_kernel_isa() == "avx512_bf16", ops._state.get("cpu_why")
+    assert ops.cpu_kernel_isa() == EXPECTED_ISA, ops._state.get("cpu_why")
     x, packed, scale, bias, _ = _case(4, 33, 300, 0, 128, "dispatch", torch.bfloat16, True)
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
         y = ops.ternary_linear(x, packed, scale, bias, 128)

@@ -2,7 +2,8 @@
 // scale[n, (k_offset + k) / block_size], fp32 accumulation, y in x's dtype (the format:
 // docs/quant_format.md; the reference: ternary_plugin.ops.reference_linear; the schema:
 // csrc/ternary_schema.cpp). Here: the input checks, the choice of regime by M, the threads; the
-// AVX-512 code and its tiling drawn out are in ternary_cpu_kernels.cpp.
+// AVX-512 code and its tiling drawn out are in ternary_cpu_kernels.cpp, the AVX2 code (CPUs without
+// AVX-512, or TERNARY_CPU_ISA=avx2) in ternary_cpu_avx2.cpp.
 //
 // Small M (M <= small_m_max()): the packed weights are streamed once, decoded in registers /
 // L1 and multiplied against x held in cache (small_m_bf16 / small_m_f32), W row tiles spread
@@ -18,7 +19,7 @@
 //   |                    |   @    | t0 | t1 | .. |    ->    | t0 | t1 | .. |   (columns of y)
 //   +--------------------+        +----+----+----+          +----+----+----+
 //
-// The CPU without the kernel's instructions (cpu_kernel_isa() == "") is told so by the op; the
+// The CPU without either instruction set (cpu_kernel_isa() == "") is told so by the op; the
 // plugin (ternary_plugin/ops.py) asks first and takes the reference there.
 //
 // Below gemm: gemm_w2a8 and quantize_int8 on CPU, the int8-activation mode (their kernel and
@@ -102,10 +103,27 @@ void check_weights(const char* prefix, const torch::Tensor& x, const torch::Tens
 
 #define CHECK_ARG(cond, ...) TERNARY_CHECK_ARG(kGemmPrefix, cond, __VA_ARGS__)
 
+// TERNARY_CPU_ISA (read once per process): "auto" (or unset) takes the best this CPU has,
+// "avx2" the AVX2 code on a CPU that also has AVX-512 (to test it, or to compare), "avx512_bf16"
+// insists on AVX-512 ("" where the CPU lacks it). It caps the W2A8 kernel too: that needs
+// AVX512-VNNI, so "avx2" turns it off.
+std::string requested_isa() {
+  static const std::string req = [] {
+    const char* e = std::getenv("TERNARY_CPU_ISA");
+    return std::string(e && *e ? e : "auto");
+  }();
+  TORCH_CHECK(req == "auto" || req == "avx512_bf16" || req == "avx2", "TERNARY_CPU_ISA=", req,
+              ": must be auto, avx512_bf16 or avx2");
+  return req;
+}
+
 // The instruction set the CPU kernel runs with on this machine, "" where it cannot run.
 std::string kernel_isa() {
-  static const bool ok = cpu_supported();
-  return ok ? "avx512_bf16" : "";
+  static const bool avx512 = cpu_supported(), avx2 = cpu_avx2_supported();
+  const std::string req = requested_isa();
+  if (avx512 && req != "avx2") return "avx512_bf16";
+  if (avx2 && req != "avx512_bf16") return "avx2";
+  return "";
 }
 
 torch::Tensor gemm_cpu(const torch::Tensor& x,                  // [M, K] fp32 / bf16 / fp16
@@ -113,8 +131,9 @@ torch::Tensor gemm_cpu(const torch::Tensor& x,                  // [M, K] fp32 /
                        const torch::Tensor& scale_in,           // [N, lds] fp16
                        const std::optional<torch::Tensor>& bias,  // [N] x.dtype, or None
                        int64_t block_size, int64_t k_offset, bool /*pdl: a CUDA launch option*/) {
-  CHECK_ARG(!kernel_isa().empty(), "this CPU lacks the AVX-512 (f, bw, vl, dq, vbmi, bf16) the kernel needs ",
-            "(or is not x86-64); ",
+  const std::string isa = kernel_isa();
+  CHECK_ARG(!isa.empty(), "this CPU lacks both the AVX-512 (f, bw, vl, dq, vbmi, bf16) and the AVX2 (with fma, f16c) ",
+            "the kernel needs (or is not x86-64; TERNARY_CPU_ISA=", requested_isa(), "); ",
             "use ternary_plugin.ops.ternary_linear, which takes the reference path here");
   CHECK_ARG(x.device().is_cpu() && packed_in.device().is_cpu() && scale_in.device().is_cpu(),
             "x, packed and scale must be CPU tensors");
@@ -149,7 +168,8 @@ torch::Tensor gemm_cpu(const torch::Tensor& x,                  // [M, K] fp32 /
                   &plan,
                   tail.data_ptr<uint8_t>(),
                   N - tail_rows};
-  const bool bf16 = dt == at::kBFloat16;
+  // On AVX2, x runs in fp32 in both regimes (no bf16 dot product there): bf16 takes fp32's rules
+  const bool avx2 = isa == "avx2", bf16 = dt == at::kBFloat16 && !avx2;
   const int64_t kc = (K + kChunk - 1) / kChunk * kChunk;  // K in whole chunks: the padded buffers' rows
 
   if (M <= small_m_max(bf16)) {
@@ -158,7 +178,9 @@ torch::Tensor gemm_cpu(const torch::Tensor& x,                  // [M, K] fp32 /
     xin.narrow(1, 0, K).copy_(x);
     const auto yf = dt == at::kFloat ? y : torch::empty({M, N}, x.options().dtype(at::kFloat));  // [M, N] fp32
     at::parallel_for(0, (N + kRows - 1) / kRows, 1, [&](int64_t t0, int64_t t1) {
-      if (bf16) {
+      if (avx2) {
+        small_m_avx2(p, xin.data_ptr<float>(), kc, yf.data_ptr<float>(), t0, t1);
+      } else if (bf16) {
         small_m_bf16(p, reinterpret_cast<const uint16_t*>(xin.data_ptr<at::BFloat16>()), kc, yf.data_ptr<float>(), t0,
                      t1);
       } else {
@@ -170,10 +192,12 @@ torch::Tensor gemm_cpu(const torch::Tensor& x,                  // [M, K] fp32 /
   }
 
   // fp16 x multiplies in fp32: oneDNN's fp16 GEMM wants AVX512-FP16, and bf16 would round x.
+  // So does bf16 x on AVX2. `widen`: x, y and bias in fp32 around the GEMM.
   const auto cdt = bf16 ? at::kBFloat16 : at::kFloat;
-  const torch::Tensor xc = x.to(cdt);                                                                 // [M, K]
-  const torch::Tensor yc = dt == at::kHalf ? torch::empty({M, N}, x.options().dtype(at::kFloat)) : y;  // [M, N]
-  const torch::Tensor bc = bias ? (dt == at::kHalf ? bias_f : *bias) : torch::Tensor();                // [N]
+  const bool widen = dt != at::kFloat && cdt == at::kFloat;
+  const torch::Tensor xc = x.to(cdt);                                                           // [M, K]
+  const torch::Tensor yc = widen ? torch::empty({M, N}, x.options().dtype(at::kFloat)) : y;     // [M, N]
+  const torch::Tensor bc = bias ? (widen ? bias_f : *bias) : torch::Tensor();                   // [N]
   // Tiles spread over the threads, each thread dequantizing its own tile and running its GEMM
   // single-threaded (OpenMP does not nest): one dequantize + GEMM pair a tile, no barrier
   // between them. Threading each GEMM instead, tile after tile, made 2 threads slower than 1
@@ -188,7 +212,9 @@ torch::Tensor gemm_cpu(const torch::Tensor& x,                  // [M, K] fp32 /
     const auto tile = torch::empty({rows, kc}, x.options().dtype(cdt));  // [rows, kc], this thread's
     for (int64_t t = t0; t < t1; ++t) {
       const int64_t n0 = t * rows, nt = std::min(rows, N - n0);
-      if (bf16) {
+      if (avx2) {
+        dequantize_rows_f32_avx2(p, n0, nt, tile.data_ptr<float>(), kc);
+      } else if (bf16) {
         dequantize_rows_bf16(p, n0, nt, reinterpret_cast<uint16_t*>(tile.data_ptr<at::BFloat16>()), kc);
       } else {
         dequantize_rows_f32(p, n0, nt, tile.data_ptr<float>(), kc);
@@ -199,7 +225,7 @@ torch::Tensor gemm_cpu(const torch::Tensor& x,                  // [M, K] fp32 /
       else at::mm_out(out, xc, w.t());
     }
   });
-  if (dt == at::kHalf) y.copy_(yc);
+  if (widen) y.copy_(yc);
   return y;
 #else
   CHECK_ARG(false, "the CPU kernel is built for x86-64 only");
@@ -214,7 +240,7 @@ torch::Tensor gemm_cpu(const torch::Tensor& x,                  // [M, K] fp32 /
 // "avx512_vnni" where this CPU runs the W2A8 kernel, "" where it cannot.
 std::string w2a8_isa() {
   static const bool ok = cpu_w2a8_supported();
-  return ok ? "avx512_vnni" : "";
+  return ok && requested_isa() != "avx2" ? "avx512_vnni" : "";
 }
 
 // Largest M of the W2A8 small-M regime (codes decoded in registers, once per 2 x rows); past

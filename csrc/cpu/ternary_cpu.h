@@ -55,6 +55,8 @@ struct Problem {
 
 // Whether this CPU runs the kernels below (cpuid: avx512 f/bw/vl/dq/vbmi/bf16, f16c, fma).
 bool cpu_supported();
+// Whether it runs their AVX2 versions (ternary_cpu_avx2.cpp; cpuid: avx2, fma, f16c).
+bool cpu_avx2_supported();
 
 // ---- The int8-activation (W2A8) kernel (ternary_cpu_w2a8.cpp) ----------------------------------
 //
@@ -133,6 +135,10 @@ void small_m_f32(const Problem& p, const float* xf, int64_t ldx, float* y, int64
 //   tile: [rows, ldt] bf16 bits / fp32, ldt >= 32 * ceil(K/32); columns past K left as they were
 void dequantize_rows_bf16(const Problem& p, int64_t n0, int64_t rows, uint16_t* tile, int64_t ldt);
 void dequantize_rows_f32(const Problem& p, int64_t n0, int64_t rows, float* tile, int64_t ldt);
+
+// The AVX2 versions (ternary_cpu_avx2.cpp): x in fp32 for every input dtype.
+void small_m_avx2(const Problem& p, const float* xf, int64_t ldx, float* y, int64_t t0, int64_t t1);
+void dequantize_rows_f32_avx2(const Problem& p, int64_t n0, int64_t rows, float* tile, int64_t ldt);
 #endif
 
 }  // namespace ternary_cpu

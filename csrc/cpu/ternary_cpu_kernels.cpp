@@ -30,6 +30,7 @@
 // Large M: dequantize_rows_* writes a tile of W rows (value * scale) for ternary_cpu.cpp's GEMM.
 
 #include "ternary_cpu.h"
+#include "ternary_cpu_tiles.h"
 
 #include <algorithm>
 #include <cstring>
@@ -85,15 +86,11 @@ bool cpu_supported() {
 
 namespace {
 
-// Packed bytes [8c, 8c + 8) of a row: a row's last chunk may end past its ldp bytes, inside the
-// next row (its lanes past K are masked off), and the last rows are read from Problem::tail,
-// a copy padded by 8 bytes, so no chunk reads past the tensor. One plain load: a branch
-// to a byte-wise tail copy here made gcc keep every accumulator in memory (4x slower at M 2).
-inline uint64_t chunk_bits(const uint8_t* row, int64_t c) {
-  uint64_t v;
-  std::memcpy(&v, row + c * 8, 8);
-  return v;
-}
+using tiles::chunk_bits;
+using tiles::chunk_lanes;
+using tiles::half_to_float;
+using tiles::Rows;
+using tiles::Src;
 
 // The lane's code bits for vpermw: control byte 2w of qword l selects bit 8l + 2w = 2i (lane
 // i = 4l + w), the odd bytes (the words' high halves) are zeroed.
@@ -133,29 +130,11 @@ TERNARY_AVX512 inline __m512 decode_f32_half(uint64_t bits, uint32_t lanes16, __
   return _mm512_maskz_permutexvar_ps(static_cast<__mmask16>(lanes16), idx, table);
 }
 
-TERNARY_AVX512 inline float half_to_float(uint16_t h) { return _cvtsh_ss(h); }
-
 uint16_t bf16_round(float v) {  // round to nearest even (finite v: scales are finite and > 0)
   uint32_t u;
   std::memcpy(&u, &v, 4);
   return static_cast<uint16_t>((u + 0x7FFF + ((u >> 16) & 1)) >> 16);
 }
-
-inline uint32_t chunk_lanes(const Segment& seg, int64_t c) {
-  uint32_t lanes = ~0u;
-  if (c == seg.c0) lanes &= seg.first_lanes;
-  if (c == seg.c1 - 1) lanes &= seg.last_lanes;
-  return lanes;
-}
-
-// Where a group of x rows takes the piece's weights from.
-enum class Src { kDecode, kDecodeKeep, kBuffer };  // decode; decode and keep in wbuf; read wbuf
-
-// The tile's W rows (a missing row of the last tile points at zeros: codes 0, scales 0).
-struct Rows {
-  const uint8_t* packed[kRows];  // Problem::row(n) each
-  const uint16_t* scale[kRows];  // [lds] each
-};
 
 // One piece, x rows [m0, m0 + MT), bf16 x.
 //   sc: [kRows, S] fp32 scales of the piece's S segments; wbuf: [kRows, E, 32] bf16 codes of the
@@ -277,52 +256,11 @@ TERNARY_AVX512 void store_sums(const Problem& p, const float* tot, int64_t n0, f
   }
 }
 
-// Zeroed scratch whose data() is 64-byte aligned: a zmm load that straddles two cache lines
-// costs two on Zen 4, which made the kernel's loop 2x slower (4.6 vs 2.4 ns a chunk, 1 thread).
-template <typename T>
-class Scratch {
- public:
-  explicit Scratch(size_t n) : bytes_(n * sizeof(T) + 64, 0) {}
-  T* data() { return reinterpret_cast<T*>((reinterpret_cast<uintptr_t>(bytes_.data()) + 63) & ~uintptr_t{63}); }
-
- private:
-  std::vector<unsigned char> bytes_;
-};
-
-// Tiles [t0, t1): per tile, every piece through every x-row group, then y = lane sums + bias.
-template <typename W, typename Piecewise>
-TERNARY_AVX512 void small_m_tiles(const Problem& p, float* y, int64_t t0, int64_t t1, Piecewise piecewise) {
-  const Plan& plan = *p.plan;
-  Scratch<W> wbuf(kRows * plan.max_entries * kChunk);
-  Scratch<float> tot(kRows * p.M * 16);
-  Scratch<float> sc(kRows * plan.max_segments);
-  const std::vector<uint8_t> zero_packed(p.ldp + 8, 0);  // a row and the 8 bytes a chunk may read past it
-  const std::vector<uint16_t> zero_scale(p.lds, 0);
-  for (int64_t t = t0; t < t1; ++t) {
-    const int64_t n0 = t * kRows;
-    Rows rows;
-    for (int64_t r = 0; r < kRows; ++r) {
-      const bool real = n0 + r < p.N;
-      rows.packed[r] = real ? p.row(n0 + r) : zero_packed.data();
-      rows.scale[r] = real ? p.scale + (n0 + r) * p.lds : zero_scale.data();
-    }
-    for (size_t q = 0; q < plan.pieces.size(); ++q) {
-      const Piece& piece = plan.pieces[q];
-      // fp32 scales of the piece's segments, [kRows, S]: converted once, not once a group
-      for (int64_t r = 0; r < kRows; ++r)
-        for (int64_t s = piece.s0; s < piece.s1; ++s)
-          sc.data()[r * (piece.s1 - piece.s0) + (s - piece.s0)] = half_to_float(rows.scale[r][plan.segments[s].block]);
-      piecewise(piece, rows, sc.data(), wbuf.data(), tot.data(), q == 0);
-    }
-    store_sums(p, tot.data(), n0, y);
-  }
-}
-
 }  // namespace
 
 void small_m_bf16(const Problem& p, const uint16_t* xb, int64_t ldx, float* y, int64_t t0, int64_t t1) {
   const Plan& plan = *p.plan;
-  small_m_tiles<uint16_t>(p, y, t0, t1, [&](const Piece& piece, const Rows& rows, const float* sc,
+  tiles::small_m_tiles<uint16_t>(p, 16, t0, t1, [&](const Piece& piece, const Rows& rows, const float* sc,
                                                      uint16_t* wbuf, float* tot, bool first) {
     const int64_t E = piece.entries;
     // 2 x rows a group: 4 x 2 accumulators and 4 x 2 sums, with the x and weight registers, fit the 32 zmm
@@ -335,12 +273,12 @@ void small_m_bf16(const Problem& p, const uint16_t* xb, int64_t ldx, float* y, i
       else two ? TERNARY_GROUP(2, Src::kBuffer) : TERNARY_GROUP(1, Src::kBuffer);
 #undef TERNARY_GROUP
     }
-  });
+  }, [&](const float* tot, int64_t n0) { store_sums(p, tot, n0, y); });
 }
 
 void small_m_f32(const Problem& p, const float* xf, int64_t ldx, float* y, int64_t t0, int64_t t1) {
   const Plan& plan = *p.plan;
-  small_m_tiles<float>(p, y, t0, t1, [&](const Piece& piece, const Rows& rows, const float* sc,
+  tiles::small_m_tiles<float>(p, 16, t0, t1, [&](const Piece& piece, const Rows& rows, const float* sc,
                                                float* wbuf, float* tot, bool first) {
     const int64_t E = piece.entries;
     // 4 x rows a group: 4 x 4 sums, 4 x rows, a weight and 4 scale tables fit the 32 zmm
@@ -361,7 +299,7 @@ void small_m_f32(const Problem& p, const float* xf, int64_t ldx, float* y, int64
 #undef TERNARY_GROUPS
 #undef TERNARY_GROUP
     }
-  });
+  }, [&](const float* tot, int64_t n0) { store_sums(p, tot, n0, y); });
 }
 
 TERNARY_AVX512 void dequantize_rows_bf16(const Problem& p, int64_t n0, int64_t rows, uint16_t* tile, int64_t ldt) {

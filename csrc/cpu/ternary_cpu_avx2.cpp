@@ -1,0 +1,170 @@
+// The CPU kernel's AVX2 code (AVX2, FMA, F16C): the same two regimes as the AVX-512 code
+// (ternary_cpu_kernels.cpp, whose tiling it shares through ternary_cpu_tiles.h), for x86-64 CPUs
+// without AVX-512 (AMD Zen 1-3, Intel client cores, older Xeons). x runs in fp32 whatever its
+// dtype (bf16 and fp16 widen exactly): these CPUs have no bf16 dot product, and their fp32 GEMM
+// (oneDNN / MKL on AVX2) is what stock torch runs for bf16 there too.
+//
+// Decoding 8 weights (2 packed bytes, 16 bits): the bits broadcast to the 8 dwords of a ymm,
+// lane i shifted right by 2i (vpsrlvd), and vpermps indexes an 8-entry table with the lane's low
+// 3 bits: code i and the low bit of code i + 1. The table holds value(e & 3) * scale at entry e
+// ({0, s, -s, 0} twice), so the following bit is ignored and the reserved code 11 reads as 0, as
+// format.unpack_ternary does: 2 instructions per 8 weights, and an AND with the lane mask for
+// the chunks a segment boundary cuts.
+//
+// Small M: tiles of kRows = 4 W rows, pieces of kPiece weights, x rows 2 at a time (4 x 2 fp32
+// sums, 2 x rows, a weight and 4 scale tables: 15 of the 16 ymm); sum += x * (+-scale) with
+// vfmadd as the AVX-512 fp32 path does (fp16 scale * +-1 is exact in fp32). Where more than 2 x
+// rows follow, the first group keeps the piece's decoded weights in wbuf ([4, entries, 32] fp32,
+// 16 KB: L1) and the others read it.
+// Large M: dequantize_rows_f32_avx2 writes an fp32 tile for ternary_cpu.cpp's fp32 GEMM.
+
+#include "ternary_cpu.h"
+#include "ternary_cpu_tiles.h"
+
+#ifdef TERNARY_CPU_KERNELS
+#include <immintrin.h>
+#define TERNARY_AVX2 __attribute__((target("avx2,fma,f16c")))
+#endif
+
+namespace ternary_cpu {
+
+#ifdef TERNARY_CPU_KERNELS
+
+bool cpu_avx2_supported() {
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+}
+
+namespace {
+
+using tiles::chunk_bits;
+using tiles::chunk_lanes;
+using tiles::Rows;
+using tiles::Src;
+
+// vpsrlvd counts: lane i takes bits [2i, 2i + 3) to its bottom.
+TERNARY_AVX2 inline __m256i shifts8() { return _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14); }
+// vpermps table: entry e = value(e & 3) * s.
+TERNARY_AVX2 inline __m256 table8(float s) { return _mm256_setr_ps(0.f, s, -s, 0.f, 0.f, s, -s, 0.f); }
+
+// Lane i all ones where bit i of m8 is set.
+TERNARY_AVX2 inline __m256 lane_mask8(uint32_t m8) {
+  const __m256i bit = _mm256_setr_epi32(1, 2, 4, 8, 16, 32, 64, 128);
+  return _mm256_castsi256_ps(_mm256_cmpeq_epi32(_mm256_and_si256(_mm256_set1_epi32(static_cast<int>(m8)), bit), bit));
+}
+
+// Weights 8g .. 8g + 7 of a chunk (bits: its 64 code bits) as table entries; lanes of the chunk
+// outside `lanes` are 0.
+TERNARY_AVX2 inline __m256 decode8(uint64_t bits, int g, uint32_t lanes, __m256i shifts, __m256 table) {
+  const __m256i v = _mm256_srlv_epi32(_mm256_set1_epi32(static_cast<int>((bits >> (16 * g)) & 0xFFFF)), shifts);
+  const __m256 w = _mm256_permutevar8x32_ps(table, v);
+  const uint32_t m8 = (lanes >> (8 * g)) & 0xFF;
+  return m8 == 0xFF ? w : _mm256_and_ps(w, lane_mask8(m8));
+}
+
+// One piece, x rows [m0, m0 + MT).
+//   sc: [kRows, S] fp32 scales; wbuf: [kRows, E, 32] fp32 weights (+-scale, 0); xf: [M, ldx] fp32;
+//   tot: [kRows, M, 8] fp32
+template <int MT, Src SRC>
+TERNARY_AVX2 void group_avx2(const Plan& plan, const Piece& piece, const Rows& rows, const float* sc, float* wbuf,
+                             int64_t E, const float* xf, int64_t ldx, int64_t M, int64_t m0, float* tot, bool first) {
+  const __m256i shifts = shifts8();
+  __m256 sum[kRows][MT];
+  for (int r = 0; r < kRows; ++r)
+    for (int i = 0; i < MT; ++i) sum[r][i] = first ? _mm256_setzero_ps() : _mm256_loadu_ps(tot + (r * M + m0 + i) * 8);
+  int64_t e = 0;
+  for (int64_t s = piece.s0; s < piece.s1; ++s) {
+    const Segment seg = plan.segments[s];
+    __m256 table[kRows];
+    if constexpr (SRC != Src::kBuffer)
+      for (int r = 0; r < kRows; ++r) table[r] = table8(sc[r * (piece.s1 - piece.s0) + (s - piece.s0)]);
+    for (int64_t c = seg.c0; c < seg.c1; ++c, ++e) {
+      const uint32_t lanes = chunk_lanes(seg, c);
+      uint64_t bits[kRows];
+      if constexpr (SRC != Src::kBuffer)
+        for (int r = 0; r < kRows; ++r) bits[r] = chunk_bits(rows.packed[r], c);
+      for (int g = 0; g < 4; ++g) {
+        __m256 xv[MT];
+        for (int i = 0; i < MT; ++i) xv[i] = _mm256_loadu_ps(xf + (m0 + i) * ldx + c * kChunk + 8 * g);
+        for (int r = 0; r < kRows; ++r) {
+          float* keep = wbuf + (r * E + e) * kChunk + 8 * g;
+          __m256 w;
+          if constexpr (SRC == Src::kBuffer) {
+            w = _mm256_load_ps(keep);
+          } else {
+            w = decode8(bits[r], g, lanes, shifts, table[r]);
+            if constexpr (SRC == Src::kDecodeKeep) _mm256_store_ps(keep, w);
+          }
+          for (int i = 0; i < MT; ++i) sum[r][i] = _mm256_fmadd_ps(xv[i], w, sum[r][i]);
+        }
+      }
+    }
+  }
+  for (int r = 0; r < kRows; ++r)
+    for (int i = 0; i < MT; ++i) _mm256_storeu_ps(tot + (r * M + m0 + i) * 8, sum[r][i]);
+}
+
+TERNARY_AVX2 inline float lane_sum8(__m256 v) {
+  const __m128 q = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  const __m128 h = _mm_add_ps(q, _mm_movehl_ps(q, q));
+  return _mm_cvtss_f32(_mm_add_ss(h, _mm_movehdup_ps(h)));
+}
+
+// y[m, n0 .. n0 + 3] = lane sums of tot[r, m] + bias.  tot: [kRows, M, 8] fp32; y: [M, N] fp32
+TERNARY_AVX2 void store_sums8(const Problem& p, const float* tot, int64_t n0, float* y) {
+  const int64_t rows = std::min<int64_t>(kRows, p.N - n0);
+  for (int64_t m = 0; m < p.M; ++m)
+    for (int64_t r = 0; r < rows; ++r)
+      y[m * p.N + n0 + r] = lane_sum8(_mm256_load_ps(tot + (r * p.M + m) * 8)) + (p.bias ? p.bias[n0 + r] : 0.f);
+}
+
+}  // namespace
+
+void small_m_avx2(const Problem& p, const float* xf, int64_t ldx, float* y, int64_t t0, int64_t t1) {
+  const Plan& plan = *p.plan;
+  tiles::small_m_tiles<float>(p, 8, t0, t1, [&](const Piece& piece, const Rows& rows, const float* sc,
+                                              float* wbuf, float* tot, bool first) {
+    const int64_t E = piece.entries;
+    for (int64_t m0 = 0; m0 < p.M; m0 += 2) {
+      const bool two = p.M - m0 >= 2;
+      const Src src = p.M <= 2 ? Src::kDecode : m0 == 0 ? Src::kDecodeKeep : Src::kBuffer;
+#define TERNARY_GROUP(MT, SRC) group_avx2<MT, SRC>(plan, piece, rows, sc, wbuf, E, xf, ldx, p.M, m0, tot, first)
+      if (src == Src::kDecode) two ? TERNARY_GROUP(2, Src::kDecode) : TERNARY_GROUP(1, Src::kDecode);
+      else if (src == Src::kDecodeKeep) two ? TERNARY_GROUP(2, Src::kDecodeKeep) : TERNARY_GROUP(1, Src::kDecodeKeep);
+      else two ? TERNARY_GROUP(2, Src::kBuffer) : TERNARY_GROUP(1, Src::kBuffer);
+#undef TERNARY_GROUP
+    }
+  }, [&](const float* tot, int64_t n0) { store_sums8(p, tot, n0, y); });
+}
+
+TERNARY_AVX2 void dequantize_rows_f32_avx2(const Problem& p, int64_t n0, int64_t rows, float* tile, int64_t ldt) {
+  const __m256i shifts = shifts8();
+  for (int64_t r = 0; r < rows; ++r) {
+    const uint8_t* prow = p.row(n0 + r);
+    const uint16_t* srow = p.scale + (n0 + r) * p.lds;
+    float* dst = tile + r * ldt;
+    for (const Segment& seg : p.plan->segments) {
+      const __m256 table = table8(tiles::half_to_float(srow[seg.block]));  // exact: fp16 * +-1 in fp32
+      for (int64_t c = seg.c0; c < seg.c1; ++c) {
+        const uint32_t lanes = chunk_lanes(seg, c);
+        const uint64_t bits = chunk_bits(prow, c);
+        for (int g = 0; g < 4; ++g) {
+          const uint32_t m8 = (lanes >> (8 * g)) & 0xFF;
+          if (m8 == 0) continue;
+          const __m256 w = decode8(bits, g, ~0u, shifts, table);
+          float* out = dst + c * kChunk + 8 * g;
+          if (m8 == 0xFF) _mm256_storeu_ps(out, w);
+          else _mm256_maskstore_ps(out, _mm256_castps_si256(lane_mask8(m8)), w);
+        }
+      }
+    }
+  }
+}
+
+#else  // not x86-64
+
+bool cpu_avx2_supported() { return false; }
+
+#endif
+
+}  // namespace ternary_cpu
