@@ -19,6 +19,7 @@ Tolerances (y the kernel's output, ref the float64 result, y_ref the reference p
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import zlib
@@ -221,9 +222,13 @@ def test_reserved_code_reads_as_zero():
         assert torch.equal(y, torch.tensor([[0.0, 2.0 - 3.0, 0.0]]).expand(m, 3)), f"M={m}"
 
 
-def _run_subprocess(code: str, **env) -> subprocess.CompletedProcess:
+def _run_python(args: list[str], **env) -> subprocess.CompletedProcess:
     full_env = {**os.environ, "PYTHONPATH": str(REPO), **env}
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=full_env, timeout=300)
+    return subprocess.run([sys.executable, *args], capture_output=True, text=True, env=full_env, timeout=300, cwd=REPO)
+
+
+def _run_subprocess(code: str, **env) -> subprocess.CompletedProcess:
+    return _run_python(["-c", code], **env)
 
 
 def _check_shapes_here() -> None:
@@ -292,15 +297,10 @@ def test_avx2_code_passes_this_module():
     """The AVX2 code (ternary_cpu_avx2.cpp) through every test here: this module in a process
     with TERNARY_CPU_ISA=avx2, both regimes included (test_both_regimes_everywhere's processes
     inherit it). On an AVX-512 machine such as CI's this is the only run of that code."""
-    proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-k", "not test_avx2_code_passes_this_module",
-         str(Path(__file__))],
-        capture_output=True, text=True, timeout=600, cwd=REPO,
-        env={**os.environ, "PYTHONPATH": str(REPO), "TERNARY_CPU_ISA": "avx2"})
+    proc = _run_python(["-m", "pytest", "-q", "-p", "no:cacheprovider", "-k", "not test_avx2_code_passes_this_module",
+                        str(Path(__file__))], TERNARY_CPU_ISA="avx2")
     tail = proc.stdout[-3000:] + proc.stderr[-2000:]
     assert proc.returncode == 0, tail
-    import re
-
     passed = re.search(r"(\d+) passed", proc.stdout)
     assert passed and int(passed.group(1)) >= 150 and " skipped" not in proc.stdout.splitlines()[-1], tail
 
