@@ -631,6 +631,39 @@ def cosine_inputs(vocab: int) -> list[list[int]]:
     return [[rng.randrange(10, vocab) for _ in range(n)] for n in COSINE_LENGTHS]
 
 
+def reference_qwen3(model_dir: Path, dev) -> tuple:
+    """(transformers' Qwen3Model over the ternary checkpoint's logical weights, each layer
+    dequantized to float32 on ``dev``; {module: (packed, scale)} of its ternary layers on ``dev``;
+    the block size; what load_state_dict left missing and unexpected)."""
+    import torch
+    from transformers import Qwen3Config, Qwen3Model
+
+    from ternary_plugin import checkpoint as ckpt
+    from ternary_plugin import format as fmt
+
+    config = ckpt.read_config(model_dir)
+    qc = config.pop("quantization_config")
+    block_size = qc.get("block_size", fmt.DEFAULT_BLOCK_SIZE)
+    cfg = Qwen3Config.from_dict({k: v for k, v in config.items() if k not in ("architectures", "dtype", "torch_dtype")})
+    with torch.device(dev):
+        model = Qwen3Model(cfg).float().eval()
+    tensors = ckpt.load_tensors(model_dir)
+    weights, packed = {}, {}
+    for name, t in tensors.items():
+        if name.endswith("." + fmt.SCALE_SUFFIX):
+            continue
+        if name.endswith("." + fmt.PACKED_WEIGHT_SUFFIX):
+            module = name[: -len(fmt.PACKED_WEIGHT_SUFFIX) - 1]
+            codes, scale = t.to(dev), tensors[f"{module}.{fmt.SCALE_SUFFIX}"].to(dev)
+            packed[module] = (codes, scale)
+            weights[f"{module}.weight"] = fmt.dequantize_ternary(codes, scale, ckpt.linear_spec(config, module).k,
+                                                                 block_size, dtype=torch.float32)
+        else:
+            weights[name] = t.to(dev).float()
+    missing, unexpected = model.load_state_dict(weights, strict=False)
+    return model, packed, block_size, list(missing), list(unexpected)
+
+
 def reference_8b(model_dir: Path, out: Path) -> int:
     """transformers' Qwen3Model over the ternary checkpoint's logical weights (each layer
     dequantized, float32, on the GPU where there is one): the embeddings of the cosine inputs
@@ -638,36 +671,15 @@ def reference_8b(model_dir: Path, out: Path) -> int:
     ternary embeddings check the serving path itself (0.6B: 0.99984), which the cosine against the
     bf16 original cannot: ternarizing random weights moves every embedding far."""
     import torch
-    from transformers import AutoTokenizer, Qwen3Config, Qwen3Model
-
-    from ternary_plugin import checkpoint as ckpt
-    from ternary_plugin import format as fmt
+    from transformers import AutoTokenizer
 
     t0 = time.time()
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    config = ckpt.read_config(model_dir)
-    qc = config.pop("quantization_config")
-    block_size = qc.get("block_size", fmt.DEFAULT_BLOCK_SIZE)
     result = {"model": str(model_dir), "device": str(dev), "dtype": "float32"}
     _write_json(out, result)
-    cfg = Qwen3Config.from_dict({k: v for k, v in config.items() if k not in ("architectures", "dtype", "torch_dtype")})
-    with torch.device(dev):
-        model = Qwen3Model(cfg).float().eval()
-    tensors = ckpt.load_tensors(model_dir)
-    weights = {}
-    for name, t in tensors.items():
-        if name.endswith("." + fmt.SCALE_SUFFIX):
-            continue
-        if name.endswith("." + fmt.PACKED_WEIGHT_SUFFIX):
-            module = name[: -len(fmt.PACKED_WEIGHT_SUFFIX) - 1]
-            scale = tensors[f"{module}.{fmt.SCALE_SUFFIX}"].to(dev)
-            weights[f"{module}.weight"] = fmt.dequantize_ternary(t.to(dev), scale, ckpt.linear_spec(config, module).k,
-                                                                 block_size, dtype=torch.float32)
-        else:
-            weights[name] = t.to(dev).float()
-    missing, unexpected = model.load_state_dict(weights, strict=False)
-    result["missing"], result["unexpected"] = list(missing), list(unexpected)
-    del weights, tensors
+    model, packed, _, missing, unexpected = reference_qwen3(model_dir, dev)
+    del packed
+    result["missing"], result["unexpected"] = missing, unexpected
     vocab = min(AutoTokenizer.from_pretrained(model_dir).vocab_size, 1000)
     embs = []
     with torch.no_grad():

@@ -25,6 +25,7 @@
 #                                                   # Ray Serve ternary, bf16, W2A8 if time is left (<= 550 s)
 #   bash benchmarks/gpu/gpu_e2e_run.sh e2e8b_profile   # after them: torch.profiler of c1 / c16 per engine
 #   bash benchmarks/gpu/gpu_e2e_run.sh distill06b      # the distillation's time and memory at 0.6B size
+#   bash benchmarks/gpu/gpu_e2e_run.sh e2e8b_w2a8_depth  # where W2A8's embedding error comes from (8B)
 #   (E2E8B_BUDGET=seconds bounds each of the two, default 550; lower it by setup's time when the same
 #    call runs setup first. E2E8B_SHAPE=tiny: the 2-layer stand-in, a quick check of the stage itself)
 #
@@ -444,21 +445,48 @@ e8_clean() {  # leftovers of a Serve step that was cut off would hold port 8000 
   pkill -9 -f "[g]cs_server|[r]aylet|[r]ay::|[r]ay[.]scripts|[E]ngineCore|[R]ayWorkerProc" 2>/dev/null; sleep 2
 }
 
-stage_e2e8b_serve() {
-  e8_init e2e8b_serve
+e8_ensure_models() {  # RESERVE: the models made and converted again where the machine lost them
   local bf16 ternary; read -r bf16 ternary < <(e8_models)
   if [ ! -e "$bf16/model.safetensors.index.json" ] || [ ! -e "$ternary/config.json" ]; then
     echo "the models are not on this machine (cold since e2e8b_prepare_offline?): made and converted again, not validated"
-    e8_prepare _again "$OUT/e2e8b-prepare-again.json" 250
+    e8_prepare _again "$OUT/e2e8b-prepare-again-$E8_STAGE.json" "$1"
   fi
-  # reserves: one Serve run (130 s) after W2A8 offline; Serve ternary keeps 120 s for bf16's
-  [ -e "$E2E8B_ROOT/done-offline-ternary_w2a8" ] || e8_offline ternary_w2a8 220 130 150
-  e8_serve ternary "$ternary" 240 120 130
-  e8_serve bf16 "$bf16" 240 0 120
+}
+
+# E2E8B_SERVE_VARIANTS: the Serve steps and their order (default all three; each ~3-4 min on a
+# machine whose compile caches are cold); E2E8B_OFFLINE_W2A8=0 leaves the W2A8 offline engine out
+stage_e2e8b_serve() {
+  e8_init e2e8b_serve
+  local bf16 ternary v; read -r bf16 ternary < <(e8_models)
+  e8_ensure_models 250
+  # reserves: one Serve run (130 s) after W2A8 offline
+  [ -e "$E2E8B_ROOT/done-offline-ternary_w2a8" ] || [ "${E2E8B_OFFLINE_W2A8:-1}" = 0 ] || e8_offline ternary_w2a8 220 130 150
+  local vs=(${E2E8B_SERVE_VARIANTS:-ternary bf16 ternary_w2a8}) i
+  for i in "${!vs[@]}"; do
+    v=${vs[$i]}
+    # each keeps 120 s for the next one; the last keeps none
+    local reserve=$(( i + 1 < ${#vs[@]} ? 120 : 0 ))
+    case $v in
+      bf16) e8_serve bf16 "$bf16" 240 "$reserve" 120 ;;
+      ternary) e8_serve ternary "$ternary" 240 "$reserve" 130 ;;
+      ternary_w2a8) e8_serve ternary_w2a8 "$ternary" 240 "$reserve" 150 --activation-dtype int8 ;;
+    esac
+  done
   [ -e "$E2E8B_ROOT/done-graph_tests" ] || e8_graph_tests
   [ -e "$E2E8B_ROOT/done-reference" ] || e8_reference 0
-  e8_serve ternary_w2a8 "$ternary" 240 0 150 --activation-dtype int8
   e8_summary
+}
+
+# Where the W2A8 mode's embedding error comes from at 8B size (benchmarks/probes/w2a8_depth.py):
+# each activation numerics alone (reference formulas, the s8 kernel, Humming's int2 x int8) in
+# transformers' float32 model, embedding cosine and per-layer teacher-forced errors
+stage_e2e8b_w2a8_depth() {
+  e8_init e2e8b_w2a8_depth
+  e8_ensure_models 60
+  e8_step w2a8_depth "${DEPTH_CAP:-300}" 0 60 "$LOGS/e2e8b-w2a8-depth.log" env VLLM_PLUGINS= \
+    python3 benchmarks/probes/w2a8_depth.py "$E2E8B_ROOT/models" "$OUT/e2e8b-w2a8-depth.json" --humming \
+    --budget $(( ${DEPTH_CAP:-300} - 60 ))
+  grep -vE " INFO | WARNING " "$LOGS/e2e8b-w2a8-depth.log" | tail -12
 }
 
 # Where the 8B engines' time goes at c1 / c16 (benchmarks/probes/engine_profile.py; the models of
@@ -466,6 +494,7 @@ stage_e2e8b_serve() {
 # kernels alone (TERNARY_GPU_BACKEND=ternary), each in its own process under its own bound
 stage_e2e8b_profile() {
   e8_init e2e8b_profile
+  e8_ensure_models 300
   local v
   for v in ternary bf16; do
     e8_step "profile_$v" 200 0 90 "$LOGS/e2e8b-profile-$v.log" \
