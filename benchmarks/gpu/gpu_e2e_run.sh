@@ -508,7 +508,8 @@ stage_e2e8b_profile() {
 # Issue #25 at 0.6B size on the GPU: the distillation recipe's time a step and peak memory on a
 # random Qwen3-Embedding-0.6B-shaped model (random weights: time and memory only, not quality). The
 # default corpus needs WordNet (99 MB, not carried): the texts are the machine's standard-library
-# docstrings, modules A-R to train on, S-Z as the "general" set
+# docstrings, modules A-R to train on, S-Z as the "general" set. DISTILL_STEPS (100) and
+# DISTILL_TIMEOUT (420 s) bound it
 stage_distill06b() {
   local root=/root/distill06b steps=${DISTILL_STEPS:-100}
   mkdir -p "$root"
@@ -526,7 +527,7 @@ cut = int(len(texts) * 0.8)
 (root / "general.txt").write_text("\n".join(texts[cut:]) + "\n")
 print(len(texts[:cut]), "training texts,", len(texts[cut:]), "general")
 PY
-  timeout 420 python3 benchmarks/distill_quality.py --src "$root/src" --device cuda --steps "$steps" --eval-every 50 \
+  timeout ${DISTILL_TIMEOUT:-420} python3 benchmarks/distill_quality.py --src "$root/src" --device cuda --steps "$steps" --eval-every 50 \
     --corpus "$root/corpus.txt" --general "$root/general.txt" --out "$OUT" --name quality-0.6b-h200 \
     --note "random Qwen3-Embedding-0.6B-shaped weights (time and memory of the recipe, not quality); texts: the GPU machine's standard-library docstrings (first 80 % to train, the rest as the general set)" \
     > "$LOGS/distill06b.log" 2>&1; local rc=$?
