@@ -35,6 +35,13 @@
 # files there and run `python benchmarks/bench_e2e.py report .e2e/parts`.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
+# The payload's environment, in every call (stash.sh sources it only in the call that unpacks it):
+# without it vLLM 0.25.1's sampler probe imports flashinfer, which is not carried, and every engine
+# (offline, under Serve, in the graph tests) fails to start; it also keeps NVLink multicast off
+if [ -e /root/site/activate.sh ]; then
+  # shellcheck disable=SC1091
+  source /root/site/activate.sh
+fi
 OUT=${OUT:-/tmp/out}; LOGS=${E2E_LOGS:-/root/e2e-logs}; mkdir -p "$OUT" "$LOGS"
 # /root/site: the payload (activate.sh puts it on the path too) and the wheels setup installs
 export PYTHONPATH="$PWD:/root/site${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 VLLM_PLUGINS=ternary
