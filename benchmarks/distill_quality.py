@@ -106,10 +106,19 @@ def _check(r: dict) -> list[str]:
     return out
 
 
+def set_labels(r: dict) -> dict[str, str]:
+    """SETS, the general set named by its source where it is not the default (a --general file)."""
+    general = r["recipe"].get("general")
+    if general and "WordNet" not in general:
+        return {**SETS, "general": f"general set ({general})"}
+    return SETS
+
+
 def render(r: dict, out: Path, name: str = "quality") -> None:
     rows = ["| model | set | cosine mean | cosine min | Spearman | NN agreement |", "|---|---|---|---|---|---|"]
+    labels = set_labels(r)
     for model in ("plain", "distilled"):
-        for key, label in SETS.items():
+        for key, label in labels.items():
             m = r[model][key]
             values = " | ".join(f"{m[x]:.3f}" for x in METRICS)
             rows.append(f"| {model} | {label} ({m['texts']} texts) | {values} |")
@@ -156,7 +165,7 @@ def render(r: dict, out: Path, name: str = "quality") -> None:
     steps = [c["step"] for c in r["curve"]]
     for ax, metric, title in ((axes[0], "cosine_mean", "embedding cosine to the original (mean)"),
                               (axes[1], "spearman", "pair-similarity Spearman")):
-        for key, label in SETS.items():
+        for key, label in set_labels(r).items():
             ax.plot(steps, [c[key][metric] for c in r["curve"]], marker="o", label=label)
         ax.axhline(TARGETS[metric], color="grey", ls="--", lw=1, label=f"target {TARGETS[metric]}")
         ax.set_title(title)

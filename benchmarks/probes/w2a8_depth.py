@@ -15,6 +15,7 @@ token), and, teacher-forced on the float32 run's own inputs, each layer's relati
 per-token int8 scale is set by), averaged per module kind and listed for the worst layers.
 
     VLLM_PLUGINS= python benchmarks/probes/w2a8_depth.py MODELS_ROOT OUT.json [--humming] [--budget 300]
+    python benchmarks/probes/w2a8_depth.py --render OUT.json     # OUT.md from it
 """
 
 from __future__ import annotations
@@ -92,11 +93,17 @@ def kind_of(name: str) -> str:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("root", type=Path, help="the models root of bench_e2e.py prepare-8b")
-    ap.add_argument("out", type=Path)
+    ap.add_argument("root", type=Path, nargs="?", help="the models root of bench_e2e.py prepare-8b")
+    ap.add_argument("out", type=Path, nargs="?")
+    ap.add_argument("--render", type=Path, metavar="JSON", help="only write the markdown of a result")
     ap.add_argument("--humming", action="store_true", help="also Humming's int2 x int8 layer (JIT-compiles)")
     ap.add_argument("--budget", type=float, default=300, help="seconds: the variants after it are skipped")
     args = ap.parse_args(argv)
+    if args.render:
+        args.render.with_suffix(".md").write_text(render(json.loads(args.render.read_text())))
+        return 0
+    if args.root is None or args.out is None:
+        ap.error("MODELS_ROOT and OUT.json are needed (or --render JSON)")
     t0 = time.time()
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     shape, _ = shape_8b()
@@ -171,6 +178,48 @@ def main(argv=None) -> int:
         print(v, {k: round(s["rel_err_mean"], 5) for k, s in pl["by_kind"].items()},
               "worst", [(w["layer"], round(w["rel_err"], 4), round(w["input_peak_to_rms"], 1)) for w in pl["worst"][:3]])
     return 0
+
+
+LABELS = {
+    "bf16": "bf16 activations (the bf16 mode's rounding)",
+    "int8_token": "int8 per token, reference formula",
+    "int8_token_block": "int8 per (token, 128-block), reference formula",
+    "s8_kernel": "int8 per token, this repository's s8 wgmma kernel",
+    "humming_int8": "int8 per token, Humming's int2 x int8 layer",
+}
+
+
+def render(r: dict) -> str:
+    kinds = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+    lines = [
+        f"# W2A8 at depth: where the {r['shape']}-shaped model's embedding error comes from", "",
+        (f"`python benchmarks/probes/w2a8_depth.py` on {r['device']} (torch {r['torch']}): the ternary checkpoint in "
+         "transformers' Qwen3Model in float32, every ternary layer computed by one activation numerics at a time; "
+         f"cosine against float32 activations on bench_e2e's cosine inputs ({', '.join(map(str, r['inputs_tokens']))} "
+         "random token ids, last-token pooling, the engines' inputs). Random weights."), "",
+        "| activations | cosine min | cosine mean | " + " | ".join(kinds) + " |",
+        "|---|---|---|" + "---|" * len(kinds),
+    ]
+    per_layer = r.get("per_layer_teacher_forced", {})
+    for v, x in r["variants"].items():
+        if "cosine" not in x:
+            lines.append(f"| {LABELS.get(v, v)} | {x.get('error') or x.get('skipped')} | | " + " | " * len(kinds))
+            continue
+        errs = per_layer.get(v, {}).get("by_kind", {})
+        cells = " | ".join(f"{errs[k]['rel_err_mean']:.4f}" if k in errs else "-" for k in kinds)
+        lines.append(f"| {LABELS.get(v, v)} | {x['min']:.4f} | {x['mean']:.4f} | {cells} |")
+    peaks = per_layer.get("int8_token", {}).get("by_kind", {})
+    if peaks:
+        lines += ["", "Per-module columns: mean relative output error |y - y_fp32| / |y_fp32| over the 36 layers, "
+                  "teacher-forced (each layer on the float32 run's own input, on the 100-token input), so errors do "
+                  "not compound. Input peak-to-RMS per token (max |x| / rms(x), what a per-token int8 scale is set "
+                  "by), max over layers: " + ", ".join(f"{k} {peaks[k]['input_peak_to_rms_max']:.1f}" for k in kinds
+                                                       if k in peaks) + "."]
+        depth = per_layer["int8_token"].get("down_proj_by_depth", [])
+        if depth:
+            lines.append(f"down_proj's error by depth (int8 per token): {min(depth):.4f}-{max(depth):.4f}, "
+                         "flat: no layer amplifies it.")
+    return "\n".join(lines) + "\n"
 
 
 if __name__ == "__main__":
