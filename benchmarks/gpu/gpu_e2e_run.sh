@@ -20,9 +20,10 @@
 #   SKIP_QWEN=1 MINILM_SRC=.e2e/minilm-bf16 bash benchmarks/gpu/gpu_e2e_run.sh prepare minilm   # MiniLM offline
 #   bash benchmarks/gpu/gpu_e2e_run.sh e2e8b_prepare_offline   # 8B-shaped: make, convert, validate, offline
 #                                                   # ternary + bf16, graph_tests, reference, W2A8 if time is left
-#   bash benchmarks/gpu/gpu_e2e_run.sh e2e8b_serve     # at once after it (the models live in /root/e2e8b only
-#                                                   # while the machine is warm): W2A8 offline unless done,
-#                                                   # Ray Serve ternary, bf16, W2A8 if time is left (<= 550 s)
+#   E2E8B_SERVE_VARIANTS=bf16 bash benchmarks/gpu/gpu_e2e_run.sh e2e8b_serve   # one Serve variant a call
+#                                                   # (the models live in /root/e2e8b only while the machine
+#                                                   # is warm; remade where missing): W2A8 offline unless done
+#                                                   # or E2E8B_OFFLINE_W2A8=0, then Ray Serve (<= 400 s)
 #   bash benchmarks/gpu/gpu_e2e_run.sh e2e8b_profile   # after them: torch.profiler of c1 / c16 per engine
 #   bash benchmarks/gpu/gpu_e2e_run.sh distill06b      # the distillation's time and memory at 0.6B size
 #   bash benchmarks/gpu/gpu_e2e_run.sh e2e8b_w2a8_depth  # where W2A8's embedding error comes from (8B)
@@ -460,8 +461,10 @@ e8_ensure_models() {  # RESERVE: the models made and converted again where the m
   fi
 }
 
-# E2E8B_SERVE_VARIANTS: the Serve steps and their order (default all three; each ~3-4 min on a
-# machine whose compile caches are cold); E2E8B_OFFLINE_W2A8=0 leaves the W2A8 offline engine out
+# E2E8B_SERVE_VARIANTS: the Serve steps and their order (default all three). One per call: an 8B
+# replica was not healthy within 170 s on the lent H200 (2026-12-02: Serve up in 22 s, the LLM
+# replica's __init__ 78 s after it was added, its EngineCore 22 s later, then load, compile and
+# graphs), so each step may take 400 s; E2E8B_OFFLINE_W2A8=0 leaves the W2A8 offline engine out
 stage_e2e8b_serve() {
   e8_init e2e8b_serve
   local bf16 ternary v; read -r bf16 ternary < <(e8_models)
@@ -474,9 +477,9 @@ stage_e2e8b_serve() {
     # each keeps 120 s for the next one; the last keeps none
     local reserve=$(( i + 1 < ${#vs[@]} ? 120 : 0 ))
     case $v in
-      bf16) e8_serve bf16 "$bf16" 240 "$reserve" 120 ;;
-      ternary) e8_serve ternary "$ternary" 240 "$reserve" 130 ;;
-      ternary_w2a8) e8_serve ternary_w2a8 "$ternary" 240 "$reserve" 150 --activation-dtype int8 ;;
+      bf16) e8_serve bf16 "$bf16" 400 "$reserve" 300 ;;
+      ternary) e8_serve ternary "$ternary" 400 "$reserve" 300 ;;
+      ternary_w2a8) e8_serve ternary_w2a8 "$ternary" 400 "$reserve" 300 --activation-dtype int8 ;;
     esac
   done
   [ -e "$E2E8B_ROOT/done-graph_tests" ] || e8_graph_tests
