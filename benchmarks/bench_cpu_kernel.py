@@ -167,7 +167,7 @@ def markdown(meta: dict, rows: list[dict]) -> str:
            "ratio of the fastest calls, robust where other work took a core (2-thread medians then hold "
            "8-12 ms stalls, torch's and the kernel's alike). Targets (bf16 activations): Qwen3 M 1 >= 4, "
            "M 16 >= 2, M >= 128 >= 1; MiniLM >= 1 at every M; judged on the median. `w2a8`: the "
-           "int8-activation mode's kernel (gemm_w2a8, AVX512-VNNI; x in the row's dtype, quantized per "
+           "int8-activation mode's kernel (gemm_w2a8, AVX512-VNNI or AVX2; x in the row's dtype, quantized per "
            "token inside the op, its time included); `w2a8 vs bf16`: torch bf16 time / w2a8 time (median; "
            "fastest calls in brackets); its target (Qwen3, M >= 128): >= 1.5.", ""]
     for dtype in ("bf16", "fp32"):

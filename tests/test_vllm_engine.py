@@ -186,7 +186,7 @@ def test_w2a8_through_hf_overrides(tiny_qwen3):
     dst = tiny_qwen3["dst"]
     result = run_embed(dst, 1, texts, report=True, extra_args=("--activation-dtype", "int8"))
     assert [r["activation_dtype"] for r in result["ranks"]] == ["int8"]
-    # on a CPU with AVX512-VNNI (the CI machine) every W2A8 call took the CPU kernel, none the
+    # on a CPU with AVX512-VNNI or AVX2 (the CI machine) every W2A8 call took the CPU kernel, none the
     # reference (counts of traced calls where vLLM compiles the model: each is an op of the graph)
     from ternary_plugin import ops
 

@@ -237,10 +237,14 @@ torch::Tensor gemm_cpu(const torch::Tensor& x,                  // [M, K] fp32 /
 
 #define CHECK_W8(cond, ...) TERNARY_CHECK_ARG(kW8Prefix, cond, __VA_ARGS__)
 
-// "avx512_vnni" where this CPU runs the W2A8 kernel, "" where it cannot.
+// "avx512_vnni" or "avx2": the W2A8 kernel's code this CPU runs (TERNARY_CPU_ISA caps it as it
+// caps the bf16 kernel's: "avx2" runs the AVX2 code on a VNNI CPU too), "" where it runs none.
 std::string w2a8_isa() {
-  static const bool ok = cpu_w2a8_supported();
-  return ok && requested_isa() != "avx2" ? "avx512_vnni" : "";
+  static const bool vnni = cpu_w2a8_supported(), avx2 = cpu_avx2_supported();
+  const std::string req = requested_isa();
+  if (vnni && req != "avx2") return "avx512_vnni";
+  if (avx2 && req != "avx512_bf16") return "avx2";
+  return "";
 }
 
 // Largest M of the W2A8 small-M regime (codes decoded in registers, once per 2 x rows); past
@@ -280,6 +284,10 @@ void check_w8_x(const torch::Tensor& x, const char* op) {
 // zeros, ...) each its own: on the shared 2-core machine every region waits whenever another
 // process holds a core, and the chain made 2-thread calls 3-6x slower than torch's matmul.
 void quantize_rows(const torch::Tensor& x, float* sx, int8_t* q, const W8Plan* plan, int8_t* xe, int32_t* negsum) {
+  const bool vnni = w2a8_isa() == "avx512_vnni";
+  const auto widen = vnni ? w8_widen_row : w8_widen_row_scalar;
+  const auto quantize = vnni ? w8_quantize_row : w8_quantize_row_scalar;
+  const auto entries = vnni ? w8_entries_row : w8_entries_row_scalar;
   const int64_t M = x.size(0), K = x.size(1), esz = x.element_size();
   const int kind = x.scalar_type() == at::kFloat ? 0 : x.scalar_type() == at::kBFloat16 ? 1 : 2;
   const char* xp = static_cast<const char*>(x.data_ptr());
@@ -291,18 +299,19 @@ void quantize_rows(const torch::Tensor& x, float* sx, int8_t* q, const W8Plan* p
     std::vector<float> xf(K);
     std::vector<int8_t> qrow(plan ? ldq : 0, 0);  // zero past K: w8_quantize_row writes [0, K)
     for (int64_t m = m0; m < m1; ++m) {
-      w8_widen_row(xp + m * K * esz, kind, K, xf.data());
+      widen(xp + m * K * esz, kind, K, xf.data());
       int8_t* qm = plan ? qrow.data() : q + m * K;
-      sx[m] = w8_quantize_row(xf.data(), K, qm);
-      if (plan) w8_entries_row(*plan, qm, xe + m * plan->entry_chunk.size() * plan->width, negsum + m * plan->segments.size());
+      sx[m] = quantize(xf.data(), K, qm);
+      if (plan) entries(*plan, qm, xe + m * plan->entry_chunk.size() * plan->width, negsum + m * plan->segments.size());
     }
   });
 }
 #endif
 
 std::tuple<torch::Tensor, torch::Tensor> quantize_int8_cpu(const torch::Tensor& x) {  // x [M, K] float
-  CHECK_W8(!w2a8_isa().empty(), "quantize_int8: this CPU lacks the AVX512-VNNI (f, bw, vl, dq, vbmi, vnni) ",
-           "the kernel needs; use ternary_plugin.activations.quantize_activations_int8");
+  CHECK_W8(!w2a8_isa().empty(), "quantize_int8: this CPU lacks both AVX512-VNNI (f, bw, vl, dq, vbmi, vnni) and ",
+           "AVX2 (+ FMA, F16C), one of which the kernel needs; use ",
+           "ternary_plugin.activations.quantize_activations_int8");
   check_w8_x(x, "quantize_int8");
   const int64_t M = x.size(0), K = x.size(1);
   auto xq = torch::empty({M, K}, x.options().dtype(at::kChar));  // [M, K] int8
@@ -322,9 +331,9 @@ torch::Tensor gemm_w2a8_cpu(const torch::Tensor& x,                   // [M, K] 
                             const torch::Tensor& scale_in,            // [N, lds] fp16
                             const std::optional<torch::Tensor>& bias,  // [N] x.dtype, or None
                             int64_t block_size, int64_t k_offset) {
-  CHECK_W8(!w2a8_isa().empty(), "this CPU lacks the AVX512-VNNI (f, bw, vl, dq, vbmi, vnni) the kernel needs ",
-           "(or is not x86-64); use ternary_plugin.activations.ternary_linear_w2a8, which takes the reference ",
-           "path here");
+  CHECK_W8(!w2a8_isa().empty(), "this CPU lacks both AVX512-VNNI (f, bw, vl, dq, vbmi, vnni) and AVX2 (+ FMA, ",
+           "F16C), one of which the kernel needs (or is not x86-64); use ",
+           "ternary_plugin.activations.ternary_linear_w2a8, which takes the reference path here");
   check_w8_x(x, "gemm_w2a8");
   const auto dt = x.scalar_type();
   CHECK_W8(packed_in.device().is_cpu() && scale_in.device().is_cpu(), "packed and scale must be CPU tensors");
@@ -336,9 +345,10 @@ torch::Tensor gemm_w2a8_cpu(const torch::Tensor& x,                   // [M, K] 
 #ifdef TERNARY_CPU_KERNELS
   const torch::Tensor packed = packed_in.contiguous(), scale = scale_in.contiguous();
   const torch::Tensor bias_f = bias ? bias->to(at::kFloat).contiguous() : torch::Tensor();  // [N] fp32
-  const bool small = M <= w8_small_m_max();
-  // small M: chunks of 64 columns, x permuted as the register decoder's; tile: groups of 4
-  const W8Plan plan = make_w8_plan(K, block_size, k_offset, small ? kW8Chunk : 4);
+  const bool small = M <= w8_small_m_max(), avx2 = w2a8_isa() == "avx2";
+  // small M: chunks of 64 columns, x permuted as the register decoder's; tile: groups of 4 (the
+  // AVX2 tile keeps the decoder's entries: 64)
+  const W8Plan plan = make_w8_plan(K, block_size, k_offset, small || avx2 ? kW8Chunk : 4);
   const int64_t E = static_cast<int64_t>(plan.entry_chunk.size()), S = static_cast<int64_t>(plan.segments.size());
   const int64_t ldp = packed.size(1), row_bytes = 16 * ((K + kW8Chunk - 1) / kW8Chunk);  // what a row's chunks read
   // Rows whose last chunk would read past the tensor, copied zero-padded (the others read into
@@ -382,8 +392,23 @@ torch::Tensor gemm_w2a8_cpu(const torch::Tensor& x,                   // [M, K] 
   };
   if (small) {
     at::parallel_for(0, (N + 3) / 4, 1, [&](int64_t t0, int64_t t1) {
-      w8_rows_decode(p, 4 * t0, std::min(N, 4 * t1), yp);
+      if (avx2) w8_rows_decode_avx2(p, 4 * t0, std::min(N, 4 * t1), yp);
+      else w8_rows_decode(p, 4 * t0, std::min(N, 4 * t1), yp);
       finish(4 * t0, std::min(N, 4 * t1));
+    });
+  } else if (avx2) {
+    // tiles of <= kW8TileBytes in multiples of 4 rows (the register block), as many as fit,
+    // rounded up to a multiple of the threads
+    const int64_t row_tile = E * kW8Chunk;
+    const int64_t fit = std::max<int64_t>(4, kW8TileBytes / std::max<int64_t>(row_tile, 1) / 4 * 4);
+    const int64_t want = ((N + fit - 1) / fit + threads - 1) / threads * threads;
+    const int64_t rows = ((N + want - 1) / want + 3) / 4 * 4;
+    const int64_t tiles = (N + rows - 1) / rows;
+    at::parallel_for(0, tiles, 1, [&](int64_t t0, int64_t t1) {
+      const auto tile = torch::empty({rows, row_tile}, packed.options());  // [rows, E, 64] u8
+      for (int64_t t = t0; t < t1; ++t)
+        w8_rows_tile_avx2(p, t * rows, std::min(N, (t + 1) * rows), tile.data_ptr<uint8_t>(), yp);
+      finish(t0 * rows, std::min(N, t1 * rows));
     });
   } else {
     // tiles of <= kW8TileBytes in multiples of 32 rows (the register block), >= one a thread
@@ -417,7 +442,7 @@ TORCH_LIBRARY_FRAGMENT(ternary_serve, m) {
   // "avx512_bf16" where this CPU runs the kernel, "" where it cannot (ternary_plugin.ops asks
   // once, before taking the kernel)
   m.def("cpu_kernel_isa() -> str", [] { return ternary_cpu::kernel_isa(); });
-  // "avx512_vnni" where this CPU runs the W2A8 kernel (gemm_w2a8, quantize_int8), "" where not
+  // "avx512_vnni" or "avx2": the code of the W2A8 kernel (gemm_w2a8, quantize_int8) this CPU runs, "" none
   m.def("cpu_w2a8_isa() -> str", [] { return ternary_cpu::w2a8_isa(); });
 }
 

@@ -77,7 +77,8 @@ struct W8Plan {
 };
 W8Plan make_w8_plan(int64_t K, int64_t block_size, int64_t k_offset, int64_t width);
 
-// Whether this CPU runs the W2A8 kernel (cpuid: avx512 f/bw/vl/vbmi/vnni, f16c, fma).
+// Whether this CPU runs the W2A8 kernel's AVX512-VNNI code (cpuid: avx512 f/bw/vl/vbmi/vnni,
+// f16c, fma); without it, its AVX2 code where cpu_avx2_supported().
 bool cpu_w2a8_supported();
 
 // What the W2A8 kernels read: x quantized and laid out by entries, the weights as packed.
@@ -121,6 +122,15 @@ void w8_rows_decode(const W8Problem& p, int64_t n0, int64_t n1, float* y);
 void w8_rows_tile(const W8Problem& p, int64_t n0, int64_t n1, uint8_t* tile, float* ws_tile, float* y);
 // The tile's W rows that fit in `bytes` for K (>= 32, a multiple of 32).
 int64_t w8_tile_rows(int64_t K, int64_t bytes);
+
+// The AVX2 versions (ternary_cpu_w2a8_avx2.cpp; cpu_avx2_supported), width 64 in both regimes:
+// the same arguments, results and layouts (the row functions scalar, F16C for fp16), except the
+// tile: [rows, E, 64] u8, the codes decoded as u in the entry layout, and no ws_tile.
+float w8_quantize_row_scalar(const float* x, int64_t K, int8_t* q);
+void w8_widen_row_scalar(const void* x, int kind, int64_t K, float* out);
+void w8_entries_row_scalar(const W8Plan& plan, const int8_t* q, int8_t* xe_row, int32_t* negsum_row);
+void w8_rows_decode_avx2(const W8Problem& p, int64_t n0, int64_t n1, float* y);
+void w8_rows_tile_avx2(const W8Problem& p, int64_t n0, int64_t n1, uint8_t* tile, float* y);
 #endif
 
 #ifdef TERNARY_CPU_KERNELS
