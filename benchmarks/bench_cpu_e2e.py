@@ -146,8 +146,8 @@ def report(args) -> int:
             entry["missing"] = "the run's 40-minute bound ended it on the shared 2-core machine"
         result["models"][name] = entry
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "cpu-e2e.json").write_text(json.dumps(result, indent=1) + "\n")
-    (args.out / "cpu-e2e.md").write_text(markdown(result))
+    (args.out / f"{args.name}.json").write_text(json.dumps(result, indent=1) + "\n")
+    (args.out / f"{args.name}.md").write_text(markdown(result))
     print(markdown(result))
     return 0
 
@@ -158,6 +158,7 @@ def main(argv=None) -> int:
     ap.add_argument("--models", nargs="+", default=["minilm", "qwen3"], choices=["minilm", "qwen3"])
     ap.add_argument("--conditions", default="", help="what else ran on the machine, for the report")
     ap.add_argument("--w2a8", action="store_true", help="also the ternary checkpoint in the W2A8 mode")
+    ap.add_argument("--name", default="cpu-e2e", help="file stem of the JSON and md (default cpu-e2e)")
     ap.add_argument("--report", action="store_true",
                     help="write cpu-e2e.* from the engines' JSON already in .e2e/cpu/ (a run cut short)")
     args = ap.parse_args(argv)
@@ -180,8 +181,8 @@ def main(argv=None) -> int:
         result["models"][name] = entry
         print(name, entry["ternary_over_bf16"], flush=True)
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "cpu-e2e.json").write_text(json.dumps(result, indent=1) + "\n")
-    (args.out / "cpu-e2e.md").write_text(markdown(result))
+    (args.out / f"{args.name}.json").write_text(json.dumps(result, indent=1) + "\n")
+    (args.out / f"{args.name}.md").write_text(markdown(result))
     print(markdown(result))
     return 0
 
