@@ -5,11 +5,13 @@
 // (oneDNN / MKL on AVX2) is what stock torch runs for bf16 there too.
 //
 // Decoding 8 weights (2 packed bytes, 16 bits): the bits broadcast to the 8 dwords of a ymm,
-// lane i shifted right by 2i (vpsrlvd), and vpermps indexes an 8-entry table with the lane's low
-// 3 bits: code i and the low bit of code i + 1. The table holds value(e & 3) * scale at entry e
-// ({0, s, -s, 0} twice), so the following bit is ignored and the reserved code 11 reads as 0, as
-// format.unpack_ternary does: 2 instructions per 8 weights, and an AND with the lane mask for
-// the chunks a segment boundary cuts.
+// lane i shifted right by 2i (vpsrlvd), and vpermilps indexes the 4-entry table {0, s, -s, 0} of
+// its 128-bit half with the lane's low 2 bits, code i (the reserved code 11 reads as 0, as
+// format.unpack_ternary does): 2 instructions per 8 weights, and an AND with the lane mask for
+// the chunks a segment boundary cuts. vpermilps stays inside each half; the lane-crossing vpermps
+// on an 8-entry table ({0, s, -s, 0} twice) gives the same values and is slower on AMD Zen 1/2,
+// which split 256-bit ops (an EPYC of family 23, M 1, 1 thread, a shared machine: o 1.45 -> 1.00
+// ms, down 2.0 -> 1.6 ms, gate_up 3.1 ms both ways).
 //
 // Small M: tiles of kRows = 4 W rows, pieces of kPiece weights, x rows 2 at a time (4 x 2 fp32
 // sums, 2 x rows, a weight and 4 scale tables: 15 of the 16 ymm); sum += x * (+-scale) with
@@ -44,7 +46,7 @@ using tiles::Src;
 
 // vpsrlvd counts: lane i takes bits [2i, 2i + 3) to its bottom.
 TERNARY_AVX2 inline __m256i shifts8() { return _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14); }
-// vpermps table: entry e = value(e & 3) * s.
+// vpermilps table, in both 128-bit halves: entry c = value(c) * s.
 TERNARY_AVX2 inline __m256 table8(float s) { return _mm256_setr_ps(0.f, s, -s, 0.f, 0.f, s, -s, 0.f); }
 
 // Lane i all ones where bit i of m8 is set.
@@ -57,7 +59,7 @@ TERNARY_AVX2 inline __m256 lane_mask8(uint32_t m8) {
 // outside `lanes` are 0.
 TERNARY_AVX2 inline __m256 decode8(uint64_t bits, int g, uint32_t lanes, __m256i shifts, __m256 table) {
   const __m256i v = _mm256_srlv_epi32(_mm256_set1_epi32(static_cast<int>((bits >> (16 * g)) & 0xFFFF)), shifts);
-  const __m256 w = _mm256_permutevar8x32_ps(table, v);
+  const __m256 w = _mm256_permutevar_ps(table, v);
   const uint32_t m8 = (lanes >> (8 * g)) & 0xFF;
   return m8 == 0xFF ? w : _mm256_and_ps(w, lane_mask8(m8));
 }
