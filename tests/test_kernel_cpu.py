@@ -19,7 +19,6 @@ Tolerances (y the kernel's output, ref the float64 result, y_ref the reference p
 from __future__ import annotations
 
 import os
-import re
 import subprocess
 import sys
 import zlib
@@ -30,6 +29,7 @@ import torch
 
 from ternary_plugin import format as fmt
 from ternary_plugin import ops
+from tests.support import isa_rerun
 from ternary_plugin.shard import shard_row_parallel
 
 REPO = Path(__file__).resolve().parent.parent
@@ -297,12 +297,8 @@ def test_avx2_code_passes_this_module():
     """The AVX2 code (ternary_cpu_avx2.cpp) through every test here: this module in a process
     with TERNARY_CPU_ISA=avx2, both regimes included (test_both_regimes_everywhere's processes
     inherit it). On an AVX-512 machine such as CI's this is the only run of that code."""
-    proc = _run_python(["-m", "pytest", "-q", "-p", "no:cacheprovider", "-k", "not test_avx2_code_passes_this_module",
-                        str(Path(__file__))], TERNARY_CPU_ISA="avx2")
-    tail = proc.stdout[-3000:] + proc.stderr[-2000:]
-    assert proc.returncode == 0, tail
-    passed = re.search(r"(\d+) passed", proc.stdout)
-    assert passed and int(passed.group(1)) >= 150 and " skipped" not in proc.stdout.splitlines()[-1], tail
+    isa_rerun.assert_module_passes(str(Path(__file__)), "test_avx2_code_passes_this_module", 150,
+                                   TERNARY_CPU_ISA="avx2")
 
 
 def test_bad_isa_request_is_named():

@@ -22,7 +22,6 @@ Tolerances:
 from __future__ import annotations
 
 import os
-import re
 import subprocess
 import sys
 import zlib
@@ -33,6 +32,7 @@ import torch
 
 from ternary_plugin import format as fmt
 from ternary_plugin import ops
+from tests.support import isa_rerun
 from ternary_plugin.activations import (
     quantize_activations_int8,
     reference_linear_w2a8,
@@ -215,14 +215,10 @@ def test_integer_case_is_exact(m):
     assert torch.equal(y[m - 1], bias), f"seed {seed}"
 
 
-def _run_python(args: list[str], **env) -> subprocess.CompletedProcess:
-    full_env = {**os.environ, "PYTHONPATH": str(REPO), **env}
-    return subprocess.run([sys.executable, *args], capture_output=True, text=True, env=full_env, timeout=300,
-                          check=False, cwd=REPO)
-
-
 def _run_subprocess(code: str, **env) -> subprocess.CompletedProcess:
-    return _run_python(["-c", code], **env)
+    full_env = {**os.environ, "PYTHONPATH": str(REPO), **env}
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=full_env, timeout=300,
+                          check=False)
 
 
 def _check_shapes_here() -> None:
@@ -289,12 +285,8 @@ def test_avx2_code_passes_this_module():
     """The AVX2 code (ternary_cpu_w2a8_avx2.cpp) through every test here: this module in a process
     with TERNARY_CPU_ISA=avx2, both regimes included (the subprocess tests inherit it). On a VNNI
     machine such as CI's this is the only run of that code."""
-    proc = _run_python(["-m", "pytest", "-q", "-p", "no:cacheprovider", "-k", "not test_avx2_code_passes_this_module",
-                        str(Path(__file__))], TERNARY_CPU_ISA="avx2")
-    tail = proc.stdout[-3000:] + proc.stderr[-2000:]
-    assert proc.returncode == 0, tail
-    passed = re.search(r"(\d+) passed", proc.stdout)
-    assert passed and int(passed.group(1)) >= 140 and " skipped" not in proc.stdout.splitlines()[-1], tail
+    isa_rerun.assert_module_passes(str(Path(__file__)), "test_avx2_code_passes_this_module", 140,
+                                   TERNARY_CPU_ISA="avx2")
 
 
 @needs_kernel_cpu
