@@ -995,7 +995,9 @@ def markdown_8b(r: dict) -> str:
                    "(bench_e2e.py reference-8b), (c) for W2A8, the ternary engine with bf16 activations (the issue's "
                    "cost of the mode). The weights are random: (a) is low by nature (absmean ternarization of random "
                    "Gaussian weights errs ~0.5 per layer, and 36 layers compound it) and says nothing of a trained "
-                   "model; (b) and (c) check the pipeline (conversion, loading, the kernels, the W2A8 mode) end to end."),
+                   "model; (b) and (c) check the pipeline (conversion, loading, the kernels, the W2A8 mode) end to end. "
+                   "Where (c)'s loss comes from (per-token int8 itself, mostly down_proj; both kernels reproduce the "
+                   "formula): w2a8-depth-8b-h200.md."),
               "", "Targets (issue #22): " + "; ".join(f"{k}: {v}" for k, v in r["targets"].items()) + "."]
     if r.get("not_run"):
         lines += ["", "**Not run or not complete:** " + "; ".join(r["not_run"]) + "."]
