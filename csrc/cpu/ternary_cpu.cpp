@@ -105,8 +105,7 @@ void check_weights(const char* prefix, const torch::Tensor& x, const torch::Tens
 
 // TERNARY_CPU_ISA (read once per process): "auto" (or unset) takes the best this CPU has,
 // "avx2" the AVX2 code on a CPU that also has AVX-512 (to test it, or to compare), "avx512_bf16"
-// insists on AVX-512 ("" where the CPU lacks it). It caps the W2A8 kernel too: that needs
-// AVX512-VNNI, so "avx2" turns it off.
+// insists on AVX-512 ("" where the CPU lacks it). It caps both kernels alike (capped_isa).
 std::string requested_isa() {
   static const std::string req = [] {
     const char* e = std::getenv("TERNARY_CPU_ISA");
@@ -117,13 +116,20 @@ std::string requested_isa() {
   return req;
 }
 
-// The instruction set the CPU kernel runs with on this machine, "" where it cannot run.
-std::string kernel_isa() {
-  static const bool avx512 = cpu_supported(), avx2 = cpu_avx2_supported();
+// A kernel's code as TERNARY_CPU_ISA allows: its AVX-512 code (`wide_name`) where the CPU has
+// what that needs (`wide`), else its AVX2 code where it has AVX2, "" where neither may run.
+std::string capped_isa(bool wide, const char* wide_name) {
+  static const bool avx2 = cpu_avx2_supported();
   const std::string req = requested_isa();
-  if (avx512 && req != "avx2") return "avx512_bf16";
+  if (wide && req != "avx2") return wide_name;
   if (avx2 && req != "avx512_bf16") return "avx2";
   return "";
+}
+
+// The instruction set the CPU kernel runs with on this machine, "" where it cannot run.
+std::string kernel_isa() {
+  static const bool avx512 = cpu_supported();
+  return capped_isa(avx512, "avx512_bf16");
 }
 
 torch::Tensor gemm_cpu(const torch::Tensor& x,                  // [M, K] fp32 / bf16 / fp16
@@ -240,11 +246,8 @@ torch::Tensor gemm_cpu(const torch::Tensor& x,                  // [M, K] fp32 /
 // "avx512_vnni" or "avx2": the W2A8 kernel's code this CPU runs (TERNARY_CPU_ISA caps it as it
 // caps the bf16 kernel's: "avx2" runs the AVX2 code on a VNNI CPU too), "" where it runs none.
 std::string w2a8_isa() {
-  static const bool vnni = cpu_w2a8_supported(), avx2 = cpu_avx2_supported();
-  const std::string req = requested_isa();
-  if (vnni && req != "avx2") return "avx512_vnni";
-  if (avx2 && req != "avx512_bf16") return "avx2";
-  return "";
+  static const bool vnni = cpu_w2a8_supported();
+  return capped_isa(vnni, "avx512_vnni");
 }
 
 // Largest M of the W2A8 small-M regime (codes decoded in registers, once per 2 x rows); past
@@ -262,6 +265,15 @@ constexpr int64_t kW8TileBytes = 256 * 1024;
 bool poison_outputs() {
   static const bool on = env_int("TERNARY_CPU_POISON", 0) != 0;
   return on;
+}
+
+// Rows a tile of the W2A8 tile kernels for N rows: at most `fit` (what fits kW8TileBytes), in
+// multiples of `multiple` (the register block), >= one tile a thread, and as many tiles as fit
+// rounded up to a multiple of the threads (at::parallel_for gives each thread a contiguous run:
+// 3 tiles on 2 threads left one thread a third of the work).
+int64_t balanced_tile_rows(int64_t N, int64_t fit, int64_t threads, int64_t multiple) {
+  const int64_t want = ((N + fit - 1) / fit + threads - 1) / threads * threads;
+  return ((N + want - 1) / want + multiple - 1) / multiple * multiple;
 }
 
 int64_t w8_small_m_max() {
@@ -283,8 +295,9 @@ void check_w8_x(const torch::Tensor& x, const char* op) {
 // widened and quantized in this thread's scratch. One region, not a chain of ATen ops (x.to,
 // zeros, ...) each its own: on the shared 2-core machine every region waits whenever another
 // process holds a core, and the chain made 2-thread calls 3-6x slower than torch's matmul.
-void quantize_rows(const torch::Tensor& x, float* sx, int8_t* q, const W8Plan* plan, int8_t* xe, int32_t* negsum) {
-  const bool vnni = w2a8_isa() == "avx512_vnni";
+//   vnni: the AVX512-VNNI code's row functions, else the scalar ones (the AVX2 kernel's)
+void quantize_rows(const torch::Tensor& x, bool vnni, float* sx, int8_t* q, const W8Plan* plan, int8_t* xe,
+                   int32_t* negsum) {
   const auto widen = vnni ? w8_widen_row : w8_widen_row_scalar;
   const auto quantize = vnni ? w8_quantize_row : w8_quantize_row_scalar;
   const auto entries = vnni ? w8_entries_row : w8_entries_row_scalar;
@@ -309,7 +322,8 @@ void quantize_rows(const torch::Tensor& x, float* sx, int8_t* q, const W8Plan* p
 #endif
 
 std::tuple<torch::Tensor, torch::Tensor> quantize_int8_cpu(const torch::Tensor& x) {  // x [M, K] float
-  CHECK_W8(!w2a8_isa().empty(), "quantize_int8: this CPU lacks both AVX512-VNNI (f, bw, vl, dq, vbmi, vnni) and ",
+  const std::string isa = w2a8_isa();
+  CHECK_W8(!isa.empty(), "quantize_int8: this CPU lacks both AVX512-VNNI (f, bw, vl, dq, vbmi, vnni) and ",
            "AVX2 (+ FMA, F16C), one of which the kernel needs; use ",
            "ternary_plugin.activations.quantize_activations_int8");
   check_w8_x(x, "quantize_int8");
@@ -321,7 +335,9 @@ std::tuple<torch::Tensor, torch::Tensor> quantize_int8_cpu(const torch::Tensor& 
     sx.fill_(std::numeric_limits<float>::quiet_NaN());
   }
 #ifdef TERNARY_CPU_KERNELS
-  if (M > 0) quantize_rows(x.contiguous(), sx.data_ptr<float>(), xq.data_ptr<int8_t>(), nullptr, nullptr, nullptr);
+  if (M > 0)
+    quantize_rows(x.contiguous(), isa == "avx512_vnni", sx.data_ptr<float>(), xq.data_ptr<int8_t>(), nullptr, nullptr,
+                  nullptr);
 #endif
   return {xq, sx};
 }
@@ -331,7 +347,8 @@ torch::Tensor gemm_w2a8_cpu(const torch::Tensor& x,                   // [M, K] 
                             const torch::Tensor& scale_in,            // [N, lds] fp16
                             const std::optional<torch::Tensor>& bias,  // [N] x.dtype, or None
                             int64_t block_size, int64_t k_offset) {
-  CHECK_W8(!w2a8_isa().empty(), "this CPU lacks both AVX512-VNNI (f, bw, vl, dq, vbmi, vnni) and AVX2 (+ FMA, ",
+  const std::string isa = w2a8_isa();
+  CHECK_W8(!isa.empty(), "this CPU lacks both AVX512-VNNI (f, bw, vl, dq, vbmi, vnni) and AVX2 (+ FMA, ",
            "F16C), one of which the kernel needs (or is not x86-64); use ",
            "ternary_plugin.activations.ternary_linear_w2a8, which takes the reference path here");
   check_w8_x(x, "gemm_w2a8");
@@ -345,7 +362,7 @@ torch::Tensor gemm_w2a8_cpu(const torch::Tensor& x,                   // [M, K] 
 #ifdef TERNARY_CPU_KERNELS
   const torch::Tensor packed = packed_in.contiguous(), scale = scale_in.contiguous();
   const torch::Tensor bias_f = bias ? bias->to(at::kFloat).contiguous() : torch::Tensor();  // [N] fp32
-  const bool small = M <= w8_small_m_max(), avx2 = w2a8_isa() == "avx2";
+  const bool small = M <= w8_small_m_max(), avx2 = isa == "avx2";
   // small M: chunks of 64 columns, x permuted as the register decoder's; tile: groups of 4 (the
   // AVX2 tile keeps the decoder's entries: 64)
   const W8Plan plan = make_w8_plan(K, block_size, k_offset, small || avx2 ? kW8Chunk : 4);
@@ -363,7 +380,8 @@ torch::Tensor gemm_w2a8_cpu(const torch::Tensor& x,                   // [M, K] 
   const auto sx = torch::empty({M}, x.options().dtype(at::kFloat));              // [M] fp32
   const auto xe = torch::empty({M, E * plan.width}, x.options().dtype(at::kChar));  // [M, E, width] int8
   const auto negsum = torch::empty({M, S}, x.options().dtype(at::kInt));           // [M, S] int32
-  quantize_rows(x.contiguous(), sx.data_ptr<float>(), nullptr, &plan, xe.data_ptr<int8_t>(), negsum.data_ptr<int32_t>());
+  quantize_rows(x.contiguous(), !avx2, sx.data_ptr<float>(), nullptr, &plan, xe.data_ptr<int8_t>(),
+                negsum.data_ptr<int32_t>());
   const W8Problem p{M,
                     N,
                     packed.data_ptr<uint8_t>(),
@@ -397,12 +415,10 @@ torch::Tensor gemm_w2a8_cpu(const torch::Tensor& x,                   // [M, K] 
       finish(4 * t0, std::min(N, 4 * t1));
     });
   } else if (avx2) {
-    // tiles of <= kW8TileBytes in multiples of 4 rows (the register block), as many as fit,
-    // rounded up to a multiple of the threads
+    // tiles of <= kW8TileBytes in multiples of 4 rows (the register block)
     const int64_t row_tile = E * kW8Chunk;
-    const int64_t fit = std::max<int64_t>(4, kW8TileBytes / std::max<int64_t>(row_tile, 1) / 4 * 4);
-    const int64_t want = ((N + fit - 1) / fit + threads - 1) / threads * threads;
-    const int64_t rows = ((N + want - 1) / want + 3) / 4 * 4;
+    const int64_t rows = balanced_tile_rows(
+        N, std::max<int64_t>(4, kW8TileBytes / std::max<int64_t>(row_tile, 1) / 4 * 4), threads, 4);
     const int64_t tiles = (N + rows - 1) / rows;
     at::parallel_for(0, tiles, 1, [&](int64_t t0, int64_t t1) {
       const auto tile = torch::empty({rows, row_tile}, packed.options());  // [rows, E, 64] u8
@@ -411,12 +427,8 @@ torch::Tensor gemm_w2a8_cpu(const torch::Tensor& x,                   // [M, K] 
       finish(t0 * rows, std::min(N, t1 * rows));
     });
   } else {
-    // tiles of <= kW8TileBytes in multiples of 32 rows (the register block), >= one a thread
-    // as many tiles as fit, rounded up to a multiple of the threads (at::parallel_for gives each
-    // thread a contiguous run: 3 tiles on 2 threads left one thread a third of the work)
-    const int64_t fit = w8_tile_rows(K, kW8TileBytes);
-    const int64_t want = ((N + fit - 1) / fit + threads - 1) / threads * threads;
-    const int64_t rows = ((N + want - 1) / want + 31) / 32 * 32;
+    // tiles of <= kW8TileBytes in multiples of 32 rows (the register block)
+    const int64_t rows = balanced_tile_rows(N, w8_tile_rows(K, kW8TileBytes), threads, 32);
     const int64_t tiles = (N + rows - 1) / rows;
     at::parallel_for(0, tiles, 1, [&](int64_t t0, int64_t t1) {
       // 64-byte aligned (zmm loads; the tile's rows are multiples of 64 bytes): torch's CPU

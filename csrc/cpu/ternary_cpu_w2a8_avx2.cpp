@@ -86,7 +86,7 @@ void w8_entries_row_scalar(const W8Plan& plan, const int8_t* q, int8_t* xe_row, 
 
 namespace {
 
-constexpr int kW8Rows2 = 4;  // W rows of a register block
+constexpr int kAvx2Rows = 4;  // W rows of a register block
 
 struct Decoder {
   __m256i shifts_lo, shifts_hi, three, lut, ones;
@@ -121,15 +121,15 @@ TERNARY_W8_AVX2 void w8_block(const W8Problem& p, const uint8_t* const* w, const
   const Decoder dec = decoder();
   const int8_t* x[MT];
   for (int i = 0; i < MT; ++i) x[i] = p.xe + (m0 + i) * p.E * kW8Chunk;
-  __m256 sum[kW8Rows2][MT];
-  for (int r = 0; r < kW8Rows2; ++r)
+  __m256 sum[kAvx2Rows][MT];
+  for (int r = 0; r < kAvx2Rows; ++r)
     for (int i = 0; i < MT; ++i) sum[r][i] = _mm256_setzero_ps();
   for (int64_t s = 0; s < p.S; ++s) {
     const W8Segment& seg = plan.segments[s];
-    __m256i acc[kW8Rows2][MT];
+    __m256i acc[kAvx2Rows][MT];
     for (int i = 0; i < MT; ++i) {
       const __m256i start = _mm256_setr_epi32(p.negsum[(m0 + i) * p.S + s], 0, 0, 0, 0, 0, 0, 0);
-      for (int r = 0; r < kW8Rows2; ++r) acc[r][i] = start;
+      for (int r = 0; r < kAvx2Rows; ++r) acc[r][i] = start;
     }
     const int64_t c0 = plan.entry_chunk[seg.e0];
     for (int64_t e = seg.e0; e < seg.e1; ++e) {
@@ -138,7 +138,7 @@ TERNARY_W8_AVX2 void w8_block(const W8Problem& p, const uint8_t* const* w, const
         x0[i] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[i] + e * kW8Chunk));
         x1[i] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[i] + e * kW8Chunk + 32));
       }
-      for (int r = 0; r < kW8Rows2; ++r) {
+      for (int r = 0; r < kAvx2Rows; ++r) {
         __m256i u0, u1;
         if constexpr (DECODE) {
           decode_u(w[r] + 16 * (c0 + e - seg.e0), dec, u0, u1);
@@ -149,7 +149,7 @@ TERNARY_W8_AVX2 void w8_block(const W8Problem& p, const uint8_t* const* w, const
         for (int i = 0; i < MT; ++i) acc[r][i] = dot64(acc[r][i], u0, u1, x0[i], x1[i], dec.ones);
       }
     }
-    for (int r = 0; r < kW8Rows2; ++r) {
+    for (int r = 0; r < kAvx2Rows; ++r) {
       const __m256 wsv = _mm256_set1_ps(ws[r][s]);
       for (int i = 0; i < MT; ++i) sum[r][i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc[r][i]), wsv, sum[r][i]);
     }
@@ -170,9 +170,9 @@ TERNARY_W8_AVX2 void w8_rows_m(const W8Problem& p, const uint8_t* const* w, cons
   for (; m0 < m_end; ++m0) w8_block<1, DECODE>(p, w, ws, m0, n0, valid, y);
 }
 
-// The fp32 scales of W rows [b0, b0 + valid) per segment into ws ([kW8Rows2, S]; 0 past valid).
+// The fp32 scales of W rows [b0, b0 + valid) per segment into ws ([kAvx2Rows, S]; 0 past valid).
 TERNARY_W8_AVX2 inline void block_scales(const W8Problem& p, int64_t b0, int64_t valid, float* ws) {
-  for (int r = 0; r < kW8Rows2; ++r)
+  for (int r = 0; r < kAvx2Rows; ++r)
     for (int64_t s = 0; s < p.S; ++s)
       ws[r * p.S + s] = r < valid ? _cvtsh_ss(p.scale[(b0 + r) * p.lds + p.plan->segments[s].block]) : 0.f;
 }
@@ -181,12 +181,12 @@ TERNARY_W8_AVX2 inline void block_scales(const W8Problem& p, int64_t b0, int64_t
 
 TERNARY_W8_AVX2 void w8_rows_decode_avx2(const W8Problem& p, int64_t n0, int64_t n1, float* y) {
   const std::vector<uint8_t> zero_row(p.row_bytes, 0);
-  std::vector<float> ws(kW8Rows2 * p.S);
-  for (int64_t b0 = n0; b0 < n1; b0 += kW8Rows2) {
-    const int64_t valid = std::min<int64_t>(kW8Rows2, n1 - b0);
-    const uint8_t* w[kW8Rows2];
-    const float* wsr[kW8Rows2];
-    for (int r = 0; r < kW8Rows2; ++r) {
+  std::vector<float> ws(kAvx2Rows * p.S);
+  for (int64_t b0 = n0; b0 < n1; b0 += kAvx2Rows) {
+    const int64_t valid = std::min<int64_t>(kAvx2Rows, n1 - b0);
+    const uint8_t* w[kAvx2Rows];
+    const float* wsr[kAvx2Rows];
+    for (int r = 0; r < kAvx2Rows; ++r) {
       w[r] = r < valid ? p.row(b0 + r) : zero_row.data();
       wsr[r] = ws.data() + r * p.S;
     }
@@ -215,18 +215,18 @@ TERNARY_W8_AVX2 void w8_rows_tile_avx2(const W8Problem& p, int64_t n0, int64_t n
       }
     }
   }
-  std::vector<float> ws(kW8Rows2 * p.S);
+  std::vector<float> ws(kAvx2Rows * p.S);
   // x rows in blocks of <= kXBlockBytes (L2, beside the tile); 4 tile rows x 2 x rows a register
   // block inside (8 int32 accumulators, 8 fp32 sums: the sums spill, touched once a segment)
   constexpr int64_t kXBlockBytes = 128 * 1024;
   const int64_t mb = std::max<int64_t>(2, kXBlockBytes / std::max<int64_t>(row_tile, 1) / 2 * 2);
   for (int64_t m_begin = 0; m_begin < p.M; m_begin += mb) {
     const int64_t m_end = std::min(p.M, m_begin + mb);
-    for (int64_t b = 0; b < rows; b += kW8Rows2) {
-      const int64_t valid = std::min<int64_t>(kW8Rows2, rows - b);
-      const uint8_t* w[kW8Rows2];
-      const float* wsr[kW8Rows2];
-      for (int r = 0; r < kW8Rows2; ++r) {
+    for (int64_t b = 0; b < rows; b += kAvx2Rows) {
+      const int64_t valid = std::min<int64_t>(kAvx2Rows, rows - b);
+      const uint8_t* w[kAvx2Rows];
+      const float* wsr[kAvx2Rows];
+      for (int r = 0; r < kAvx2Rows; ++r) {
         w[r] = r < valid ? tile + (b + r) * row_tile : zero_row.data();
         wsr[r] = ws.data() + r * p.S;
       }
