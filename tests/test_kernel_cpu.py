@@ -29,8 +29,8 @@ import torch
 
 from ternary_plugin import format as fmt
 from ternary_plugin import ops
-from tests.support import isa_rerun
 from ternary_plugin.shard import shard_row_parallel
+from tests.support import cpu_isa
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -40,28 +40,15 @@ if not hasattr(torch.ops.ternary_serve, "cpu_kernel_isa"):
     pytest.skip("ternary_plugin._C built without the CPU kernel (TERNARY_BUILD_CPU=0)", allow_module_level=True)
 
 
-def _cpu_flags() -> set[str]:
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return set()
-    line = next((ln for ln in text.splitlines() if ln.startswith("flags")), "")
-    return set(line.split(":", 1)[-1].split())
-
-
 # The kernel's instructions, as /proc/cpuinfo names them (ternary_cpu_kernels.cpp: cpu_supported;
-# ternary_cpu_avx2.cpp: cpu_avx2_supported). TERNARY_CPU_ISA=avx2 runs this module on the AVX2
-# code (test_avx2_code_passes_this_module does, on a CPU that has AVX-512 too).
+# the AVX2 code's: cpu_isa.AVX2_FLAGS). TERNARY_CPU_ISA=avx2 runs this module on the AVX2 code
+# (test_avx2_code_passes_this_module does, on a CPU that has AVX-512 too).
 AVX512_FLAGS = {"avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512vbmi", "avx512_bf16", "f16c", "fma"}
-AVX2_FLAGS = {"avx2", "fma", "f16c"}
-FORCED_ISA = os.environ.get("TERNARY_CPU_ISA", "auto") or "auto"
-if FORCED_ISA == "avx2":
-    KERNEL_FLAGS, EXPECTED_ISA = AVX2_FLAGS, "avx2"
-else:
-    KERNEL_FLAGS, EXPECTED_ISA = (AVX512_FLAGS, "avx512_bf16") if AVX512_FLAGS <= _cpu_flags() else (AVX2_FLAGS, "avx2")
-HAS_KERNEL_CPU = KERNEL_FLAGS <= _cpu_flags()
+FORCED_ISA = cpu_isa.FORCED_ISA
+KERNEL_FLAGS, EXPECTED_ISA = cpu_isa.expected(AVX512_FLAGS, "avx512_bf16")
+HAS_KERNEL_CPU = KERNEL_FLAGS <= cpu_isa.cpu_flags()
 needs_kernel_cpu = pytest.mark.skipif(
-    not HAS_KERNEL_CPU, reason=f"this CPU lacks {sorted(KERNEL_FLAGS - _cpu_flags())} (the CI machine has them)"
+    not HAS_KERNEL_CPU, reason=f"this CPU lacks {sorted(KERNEL_FLAGS - cpu_isa.cpu_flags())} (the CI machine has them)"
 )
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -291,13 +278,12 @@ def test_isa_query_matches_cpuinfo():
         assert torch.ops.ternary_serve.cpu_w2a8_isa() == "avx2"
 
 
-@pytest.mark.skipif(FORCED_ISA == "avx2" or not AVX2_FLAGS <= _cpu_flags(),
-                    reason="runs in the default process, on a CPU with AVX2")
+@cpu_isa.avx2_rerun(EXPECTED_ISA)
 def test_avx2_code_passes_this_module():
     """The AVX2 code (ternary_cpu_avx2.cpp) through every test here: this module in a process
     with TERNARY_CPU_ISA=avx2, both regimes included (test_both_regimes_everywhere's processes
     inherit it). On an AVX-512 machine such as CI's this is the only run of that code."""
-    isa_rerun.assert_module_passes(str(Path(__file__)), "test_avx2_code_passes_this_module", 150,
+    cpu_isa.assert_module_passes(str(Path(__file__)), "test_avx2_code_passes_this_module", 150,
                                    TERNARY_CPU_ISA="avx2")
 
 

@@ -32,12 +32,12 @@ import torch
 
 from ternary_plugin import format as fmt
 from ternary_plugin import ops
-from tests.support import isa_rerun
 from ternary_plugin.activations import (
     quantize_activations_int8,
     reference_linear_w2a8,
     ternary_linear_w2a8,
 )
+from tests.support import cpu_isa
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -47,28 +47,14 @@ if not hasattr(torch.ops.ternary_serve, "cpu_w2a8_isa"):
     pytest.skip("ternary_plugin._C built without the CPU kernel (TERNARY_BUILD_CPU=0)", allow_module_level=True)
 
 
-def _cpu_flags() -> set[str]:
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return set()
-    line = next((ln for ln in text.splitlines() if ln.startswith("flags")), "")
-    return set(line.split(":", 1)[-1].split())
-
-
 # The kernel's instructions, as /proc/cpuinfo names them (ternary_cpu_w2a8.cpp: cpu_w2a8_supported;
-# its AVX2 code, ternary_cpu_w2a8_avx2.cpp: cpu_avx2_supported). TERNARY_CPU_ISA=avx2 runs this
+# its AVX2 code, ternary_cpu_w2a8_avx2.cpp: cpu_isa.AVX2_FLAGS). TERNARY_CPU_ISA=avx2 runs this
 # module on the AVX2 code (test_avx2_code_passes_this_module does, on a CPU with VNNI too).
 VNNI_FLAGS = {"avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512vbmi", "avx512_vnni", "f16c", "fma"}
-AVX2_FLAGS = {"avx2", "fma", "f16c"}
-FORCED_ISA = os.environ.get("TERNARY_CPU_ISA", "auto") or "auto"
-if FORCED_ISA == "avx2" or not VNNI_FLAGS <= _cpu_flags():
-    KERNEL_FLAGS, EXPECTED_ISA = AVX2_FLAGS, "avx2"
-else:
-    KERNEL_FLAGS, EXPECTED_ISA = VNNI_FLAGS, "avx512_vnni"
-HAS_KERNEL_CPU = KERNEL_FLAGS <= _cpu_flags()
+KERNEL_FLAGS, EXPECTED_ISA = cpu_isa.expected(VNNI_FLAGS, "avx512_vnni")
+HAS_KERNEL_CPU = KERNEL_FLAGS <= cpu_isa.cpu_flags()
 needs_kernel_cpu = pytest.mark.skipif(
-    not HAS_KERNEL_CPU, reason=f"this CPU lacks {sorted(KERNEL_FLAGS - _cpu_flags())} (the CI machine has them)"
+    not HAS_KERNEL_CPU, reason=f"this CPU lacks {sorted(KERNEL_FLAGS - cpu_isa.cpu_flags())} (the CI machine has them)"
 )
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -278,14 +264,12 @@ def test_isa_query_matches_cpuinfo():
     assert torch.ops.ternary_serve.cpu_w2a8_isa() == (EXPECTED_ISA if HAS_KERNEL_CPU else "")
 
 
-@pytest.mark.skipif(FORCED_ISA == "avx2" or EXPECTED_ISA == "avx2" or not AVX2_FLAGS <= _cpu_flags(),
-                    reason="runs in the default process, on a CPU with VNNI and AVX2 (without VNNI the module "
-                           "itself runs the AVX2 code)")
+@cpu_isa.avx2_rerun(EXPECTED_ISA)
 def test_avx2_code_passes_this_module():
     """The AVX2 code (ternary_cpu_w2a8_avx2.cpp) through every test here: this module in a process
     with TERNARY_CPU_ISA=avx2, both regimes included (the subprocess tests inherit it). On a VNNI
     machine such as CI's this is the only run of that code."""
-    isa_rerun.assert_module_passes(str(Path(__file__)), "test_avx2_code_passes_this_module", 140,
+    cpu_isa.assert_module_passes(str(Path(__file__)), "test_avx2_code_passes_this_module", 140,
                                    TERNARY_CPU_ISA="avx2")
 
 
