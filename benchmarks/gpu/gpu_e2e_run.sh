@@ -476,11 +476,14 @@ stage_e2e8b_serve() {
     v=${vs[$i]}
     # each keeps 120 s for the next one; the last keeps none
     local reserve=$(( i + 1 < ${#vs[@]} ? 120 : 0 ))
+    local model=$ternary extra=()
     case $v in
-      bf16) e8_serve bf16 "$bf16" 400 "$reserve" 300 ;;
-      ternary) e8_serve ternary "$ternary" 400 "$reserve" 300 ;;
-      ternary_w2a8) e8_serve ternary_w2a8 "$ternary" 400 "$reserve" 300 --activation-dtype int8 ;;
+      bf16) model=$bf16 ;;
+      ternary) ;;
+      ternary_w2a8) extra=(--activation-dtype int8) ;;
+      *) echo "E2E8B_SERVE_VARIANTS: $v is not one of bf16, ternary, ternary_w2a8"; continue ;;
     esac
+    e8_serve "$v" "$model" 400 "$reserve" 300 "${extra[@]}"
   done
   [ -e "$E2E8B_ROOT/done-graph_tests" ] || e8_graph_tests
   [ -e "$E2E8B_ROOT/done-reference" ] || e8_reference 0
@@ -518,7 +521,7 @@ stage_e2e8b_profile() {
 # Issue #25 at 0.6B size on the GPU: the distillation recipe's time a step and peak memory on a
 # random Qwen3-Embedding-0.6B-shaped model (random weights: time and memory only, not quality). The
 # default corpus needs WordNet (99 MB, not carried): the texts are the machine's standard-library
-# docstrings, modules A-R to train on, S-Z as the "general" set. DISTILL_STEPS (100) and
+# docstrings, the first 80 % to train on, the rest as the "general" set. DISTILL_STEPS (100) and
 # DISTILL_TIMEOUT (420 s) bound it
 stage_distill06b() {
   local root=/root/distill06b steps=${DISTILL_STEPS:-100}
