@@ -8,10 +8,8 @@
 // lane i shifted right by 2i (vpsrlvd), and vpermilps indexes the 4-entry table {0, s, -s, 0} of
 // its 128-bit half with the lane's low 2 bits, code i (the reserved code 11 reads as 0, as
 // format.unpack_ternary does): 2 instructions per 8 weights, and an AND with the lane mask for
-// the chunks a segment boundary cuts. vpermilps stays inside each half; the lane-crossing vpermps
-// on an 8-entry table ({0, s, -s, 0} twice) gives the same values and is slower on AMD Zen 1/2,
-// which split 256-bit ops (an EPYC of family 23, M 1, 1 thread, a shared machine: o 1.45 -> 1.00
-// ms, down 2.0 -> 1.6 ms, gate_up 3.1 ms both ways).
+// the chunks a segment boundary cuts. vpermilps stays inside each half (cheaper than a
+// lane-crossing vpermps on CPUs that split 256-bit ops, such as AMD Zen 1/2; docs/kernel.md).
 //
 // Small M: tiles of kRows = 4 W rows, pieces of kPiece weights, x rows 2 at a time (4 x 2 fp32
 // sums, 2 x rows, a weight and 4 scale tables: 15 of the 16 ymm); sum += x * (+-scale) with
