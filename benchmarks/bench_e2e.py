@@ -850,16 +850,29 @@ def _cos(a: list[float], b: list[float]) -> float:
     return dot / math.sqrt(sum(x * x for x in a) * sum(y * y for y in b))
 
 
-def collect_8b(parts: Path) -> dict:
+def collect_8b(parts: Path, previous: dict | None = None) -> dict:
     """The 8B run's parts (e2e8b-*.json, env-e2e8b_*.json) -> one row per (variant, mode), the
-    issue's per-variant objects and its targets."""
+    issue's per-variant objects and its targets. ``previous``: an earlier report of the same run
+    (its JSON) whose parts are gone: what these parts lack (offline engines, their cosines, the
+    preparation, the steps) is taken from it, and it says so under ``carried_over``."""
+    prev = previous or {}
     offline = {v: json.loads((parts / f"e2e8b-offline-{v}.json").read_text())
                for v in VARIANTS if (parts / f"e2e8b-offline-{v}.json").exists()}
+    carried = []
+    for v, part in prev.get("offline", {}).items():
+        if v not in offline:
+            offline[v] = part
+            carried.append(f"offline {v}")
     serve = {v: e for v in VARIANTS if (e := _serve_entry(parts, v))}
+    carried += [f"serve {v}" for v in prev.get("serve", {}) if v not in serve]
+    serve.update({v: e for v, e in prev.get("serve", {}).items() if v not in serve})
     prep = json.loads((parts / "e2e8b-prepare.json").read_text()) if (parts / "e2e8b-prepare.json").exists() else {}
+    if not prep and prev.get("prepare"):
+        prep = {**prev["prepare"], "shape": prev.get("shape")}
+        carried.append("prepare")
     if (parts / "e2e8b-prepare-again.json").exists():  # e2e8b_serve made the models again (a cold machine)
         prep["again"] = json.loads((parts / "e2e8b-prepare-again.json").read_text())
-    steps = []
+    steps = list(prev.get("steps", []))
     for p in sorted(parts.glob("e2e8b-steps-*.json")):
         steps += json.loads(p.read_text()).get("steps", [])
     warmups = {p.stem.removeprefix("e2e8b-warmup-"): json.loads(p.read_text()) for p in sorted(parts.glob("e2e8b-warmup-*.json"))}
@@ -884,6 +897,9 @@ def collect_8b(parts: Path) -> dict:
         cos = cosines(off.get("embeddings"), bf16_emb)
         cos_ref = cosines(off.get("embeddings"), ref_emb) if v != "bf16" else None
         cos_w2a8 = cosines(off.get("embeddings"), ternary_emb) if v == "ternary_w2a8" else None
+        if f"offline {v}" in carried:  # the report keeps no embeddings: its cosines, as computed then
+            cos, cos_ref, cos_w2a8 = (prev.get(v, {}).get(k) for k in
+                                      ("cosine_vs_bf16", "cosine_vs_reference", "cosine_vs_ternary_bf16_activations"))
         thr = off.get("throughput", {})
         if off:
             rows.append({
@@ -946,7 +962,10 @@ def collect_8b(parts: Path) -> dict:
         if w["cosine_vs_ternary_bf16_activations"] else None,
     }
     not_run = [f"offline {v}" for v in VARIANTS if v not in offline] + [f"Serve {v}" for v in VARIANTS if v not in serve]
-    not_run += [f"{s['step']}: {s['status']}" for s in steps if s.get("status") not in ("ok",)]
+    # a step that failed and later passed (a later call) is not listed
+    ok_later = {s["step"] for s in steps if s.get("status") == "ok"}
+    not_run += list(dict.fromkeys(f"{s['step']}: {s['status']}" for s in steps
+                                  if s.get("status") != "ok" and s["step"] not in ok_later))
     return {
         "gpu": env.get("gpu"), "versions": env.get("versions"), "stage_env": env.get("env"),
         "commands": DEVICE_COMMANDS_8B, "model": MODEL_8B_TEXT, "shape": prep.get("shape"),
@@ -955,7 +974,7 @@ def collect_8b(parts: Path) -> dict:
         "reference": {k: x for k, x in ref.items() if k != "embeddings"},
         "prepare": {k: x for k, x in prep.items() if k != "shape"}, "steps": steps, "humming_warmup": warmups,
         "offline": {v: {k: x for k, x in o.items() if k != "embeddings"} for v, o in offline.items()},
-        "serve": serve,
+        "serve": serve, "carried_over": carried,
     }
 
 
@@ -1001,6 +1020,9 @@ def markdown_8b(r: dict) -> str:
               "", "Targets (issue #22): " + "; ".join(f"{k}: {v}" for k, v in r["targets"].items()) + "."]
     if r.get("not_run"):
         lines += ["", "**Not run or not complete:** " + "; ".join(r["not_run"]) + "."]
+    if r.get("carried_over"):
+        lines += ["", "From the earlier report of this run (its parts are gone; `report-8b --previous`): "
+                  + ", ".join(r["carried_over"]) + "."]
     prep = r.get("prepare", {})
     if prep:
         lines += ["", "## Preparation", ""]
@@ -1042,8 +1064,10 @@ def plot_8b(r: dict, path: Path) -> None:
     fig.savefig(path, dpi=110)
 
 
-def report_8b(parts: Path, out: Path, name: str, ran: list[str] | None = None) -> int:
-    result = collect_8b(parts)
+def report_8b(parts: Path, out: Path, name: str, ran: list[str] | None = None, previous: Path | None = None) -> int:
+    prev = json.loads(previous.read_text()) if previous else None
+    result = collect_8b(parts, prev)
+    ran = (prev or {}).get("ran", []) + (ran or [])
     if ran:
         result["ran"] = ran
     out.mkdir(parents=True, exist_ok=True)
@@ -1102,6 +1126,8 @@ def main(argv=None) -> int:
     p.add_argument("--name", default="e2e-8b-h200")
     p.add_argument("--ran", action="append", default=[], metavar="COMMAND",
                    help="a command that made these parts, as run (repeatable): the report lists them")
+    p.add_argument("--previous", type=Path, default=None, metavar="REPORT_JSON",
+                   help="an earlier report of this run whose parts are gone: kept for what these parts lack")
     a = ap.parse_args(argv)
     if a.cmd == "prepare-8b":
         return prepare_8b(a.root, a.out, a.step, a.shape)
@@ -1114,7 +1140,7 @@ def main(argv=None) -> int:
     if a.cmd == "humming-warmup":
         return humming_warmup(a.which, a.out)
     if a.cmd == "report-8b":
-        return report_8b(a.parts, a.out, a.name, a.ran)
+        return report_8b(a.parts, a.out, a.name, a.ran, a.previous)
     if a.cmd == "minilm-bf16":
         return minilm_bf16(a.dst)
     if a.cmd == "prepare":

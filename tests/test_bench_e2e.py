@@ -121,3 +121,32 @@ def test_8b_parts_merge_into_rows_per_variant_and_mode_and_the_targets(tmp_path)
     assert "Serve bf16" in r["not_run"] and "serve_bf16: timeout" in r["not_run"]
     md = markdown_8b(r)
     assert "| ternary | serve | 14.0 | 390.0 | 700.0 |" in md and "Not run or not complete" in md
+
+
+def test_8b_report_keeps_an_earlier_reports_offline_figures_when_only_serve_parts_came_back(tmp_path):
+    """report-8b --previous: a later call returned only Serve parts; the offline engines, their
+    cosines (the report keeps no embeddings) and the steps come from the earlier report, which the
+    new one names under carried_over; a step that failed then and passed now is no longer listed."""
+    from benchmarks.bench_e2e import collect_8b
+
+    first, second = tmp_path / "first", tmp_path / "second"
+    first.mkdir(), second.mkdir()
+    for v, c1 in (("bf16", 20.0), ("ternary", 10.0)):
+        (first / f"e2e8b-offline-{v}.json").write_text(json.dumps(
+            _offline_8b(v, c1, 400.0, 800.0, 1e5, 3 * 2**30, 2**30, [[1.0, 0.0]] if v == "bf16" else [[1.0, 1.0]])))
+    (first / "e2e8b-steps-e2e8b_serve.json").write_text(json.dumps({"steps": [
+        {"stage": "e2e8b_serve", "step": "serve_ternary", "status": "failed", "seconds": 170, "limit_s": 170}]}))
+    earlier = collect_8b(first)
+    assert "serve_ternary: failed" in earlier["not_run"]
+    (second / "e2e8b-serve-ternary.json").write_text(json.dumps({"command": "bench_serve ...", "env": {}, "models": {
+        "ternary": {"levels": [{"concurrency": 1, "latency_p50_ms": 31.0, "embeddings_per_s": 30.0, "errors": {}}]}}}))
+    (second / "e2e8b-steps-e2e8b_serve-call2.json").write_text(json.dumps({"steps": [
+        {"stage": "e2e8b_serve", "step": "serve_ternary", "status": "ok", "seconds": 250, "limit_s": 400}]}))
+    r = collect_8b(second, json.loads(json.dumps(earlier)))  # as read back from its JSON
+    rows = {(row["variant"], row["mode"]): row for row in r["rows"]}
+    assert rows[("ternary", "serve")]["serve_overhead_ms"] == 21.0  # Serve now - the engine of the earlier report
+    assert rows[("ternary", "offline")]["cosine_vs_bf16"] == [0.707107]
+    assert r["carried_over"] == ["offline bf16", "offline ternary"]
+    assert [s["status"] for s in r["steps"]] == ["failed", "ok"]
+    assert "serve_ternary: failed" not in r["not_run"] and "Serve ternary" not in r["not_run"]
+    assert collect_8b(second)["carried_over"] == [] and collect_8b(second)["ternary"]["serve_overhead_ms"] is None
