@@ -858,14 +858,12 @@ def collect_8b(parts: Path, previous: dict | None = None) -> dict:
     prev = previous or {}
     offline = {v: json.loads((parts / f"e2e8b-offline-{v}.json").read_text())
                for v in VARIANTS if (parts / f"e2e8b-offline-{v}.json").exists()}
-    carried = []
-    for v, part in prev.get("offline", {}).items():
-        if v not in offline:
-            offline[v] = part
-            carried.append(f"offline {v}")
     serve = {v: e for v in VARIANTS if (e := _serve_entry(parts, v))}
-    carried += [f"serve {v}" for v in prev.get("serve", {}) if v not in serve]
-    serve.update({v: e for v, e in prev.get("serve", {}).items() if v not in serve})
+    carried_offline = {v: o for v, o in prev.get("offline", {}).items() if v not in offline}
+    carried_serve = {v: e for v, e in prev.get("serve", {}).items() if v not in serve}
+    offline.update(carried_offline)
+    serve.update(carried_serve)
+    carried = [f"offline {v}" for v in carried_offline] + [f"serve {v}" for v in carried_serve]
     prep = json.loads((parts / "e2e8b-prepare.json").read_text()) if (parts / "e2e8b-prepare.json").exists() else {}
     if not prep and prev.get("prepare"):
         prep = {**prev["prepare"], "shape": prev.get("shape")}
@@ -897,7 +895,7 @@ def collect_8b(parts: Path, previous: dict | None = None) -> dict:
         cos = cosines(off.get("embeddings"), bf16_emb)
         cos_ref = cosines(off.get("embeddings"), ref_emb) if v != "bf16" else None
         cos_w2a8 = cosines(off.get("embeddings"), ternary_emb) if v == "ternary_w2a8" else None
-        if f"offline {v}" in carried:  # the report keeps no embeddings: its cosines, as computed then
+        if v in carried_offline:  # the report keeps no embeddings: its cosines, as computed then
             cos, cos_ref, cos_w2a8 = (prev.get(v, {}).get(k) for k in
                                       ("cosine_vs_bf16", "cosine_vs_reference", "cosine_vs_ternary_bf16_activations"))
         thr = off.get("throughput", {})
@@ -962,10 +960,10 @@ def collect_8b(parts: Path, previous: dict | None = None) -> dict:
         if w["cosine_vs_ternary_bf16_activations"] else None,
     }
     not_run = [f"offline {v}" for v in VARIANTS if v not in offline] + [f"Serve {v}" for v in VARIANTS if v not in serve]
-    # a step that failed and later passed (a later call) is not listed
-    ok_later = {s["step"] for s in steps if s.get("status") == "ok"}
-    not_run += list(dict.fromkeys(f"{s['step']}: {s['status']}" for s in steps
-                                  if s.get("status") != "ok" and s["step"] not in ok_later))
+    # a step that failed and passed in a later call is not listed (one that failed after it passed is)
+    last_ok = {s["step"]: i for i, s in enumerate(steps) if s.get("status") == "ok"}
+    not_run += list(dict.fromkeys(f"{s['step']}: {s['status']}" for i, s in enumerate(steps)
+                                  if s.get("status") != "ok" and i > last_ok.get(s["step"], -1)))
     return {
         "gpu": env.get("gpu"), "versions": env.get("versions"), "stage_env": env.get("env"),
         "commands": DEVICE_COMMANDS_8B, "model": MODEL_8B_TEXT, "shape": prep.get("shape"),

@@ -149,4 +149,5 @@ def test_8b_report_keeps_an_earlier_reports_offline_figures_when_only_serve_part
     assert r["carried_over"] == ["offline bf16", "offline ternary"]
     assert [s["status"] for s in r["steps"]] == ["failed", "ok"]
     assert "serve_ternary: failed" not in r["not_run"] and "Serve ternary" not in r["not_run"]
-    assert collect_8b(second)["carried_over"] == [] and collect_8b(second)["ternary"]["serve_overhead_ms"] is None
+    alone = collect_8b(second)
+    assert alone["carried_over"] == [] and alone["ternary"]["serve_overhead_ms"] is None

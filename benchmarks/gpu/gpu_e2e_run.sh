@@ -418,7 +418,7 @@ stage_e2e8b_prepare_offline() {
   e8_summary
 }
 
-e8_graph_tests() {  # issue #21's GPU tests (and the converter's on the GPU): 167 s on the H200 (2026-12-02)
+e8_graph_tests() {  # issue #21's GPU tests (and the converter's on the GPU), ~170 s: benchmarks/results/gpu-graph-tests-h200.md
   e8_step graph_tests 240 0 180 "$LOGS/e2e8b-graph-tests.log" python3 -X faulthandler -m pytest -q -p no:cacheprovider \
     -m gpu -rfEs tests/test_graph_capture_gpu.py tests/test_vllm_graphs_gpu.py tests/test_convert.py \
     && touch "$E2E8B_ROOT/done-graph_tests"
