@@ -7,18 +7,20 @@ every request got.
 Cluster A (configs/cpu-autoscale.yaml with 2 initial replicas and a target of 1 ongoing request,
 MiniLM ternary, tp 1):
 1. kill: `--requests` requests at `--concurrency` (a tenth malformed, 10 kinds), then good ones
-   at the same concurrency until the replica is replaced; 5 s in, SIGKILL of one replica's vLLM
-   worker (`--kill engine-core`: its EngineCore), found among that replica's descendants: nothing
-   outside this cluster is touched. worker_kill_recovery_s: from the kill until the deployment
-   has 2 RUNNING replicas again, the killed one not among them, and a request is served. A good
-   request answered 503 is retried once after its Retry-After (retries are counted apart).
+   at the same concurrency until the killed replica serves again; 5 s in, SIGKILL of one
+   replica's vLLM worker (`--kill engine-core`: its EngineCore), found among that replica's
+   descendants: nothing outside this cluster is touched. worker_kill_recovery_s: from the kill
+   until the deployment has 2 RUNNING replicas again, the killed one's engine restarted in place
+   (its replica's log line, deployments/server.py) or the killed one replaced, and a request is
+   served. A good request answered 503 is retried once after its Retry-After (retries are
+   counted apart).
 2. scale-down: load until 2 replicas run, then a light steady one (1 in flight) while autoscaling
    goes 2 -> 1; every request of the light load, until 10 s after the shrink, is counted in
    scale_down_failures unless it got a 200.
 Cluster B (configs/cpu.yaml, one replica, with tight bounds: the replica takes 1 request with 2
 queued; one ingress replica, its queue unbounded as the config requires):
-3. quiet-kill: the same kill with no other load (one request a second): how long a replacement
-   takes when the cores are not serving (quiet_kill_recovery_s).
+3. quiet-kill: the same kill with no other load (one request a second): how long until the one
+   replica serves again when the cores are not serving (quiet_kill_recovery_s).
 4. queue: bursts of concurrent requests; every 503 is sorted by who wrote it (our ingress's
    OpenAI JSON, or Serve's proxy's plain text) and checked for exactly one Retry-After.
 Every 200 is checked against an offline reference of the same input (`ternary-serve embed`, same
@@ -54,6 +56,7 @@ DEPLOYMENT = f"TernaryLLMServer:{MODEL}"
 # 8000 (the configs'), the launcher's defaults 6390/8265/8081.
 RAY_PORT, DASHBOARD_PORT, METRICS_PORT, HTTP_PORT, TEMP_DIR = 6393, 8267, 8092, 8010, "/tmp/ternary-ray-rel"
 BASE = f"http://127.0.0.1:{HTTP_PORT}"
+RESTARTED = "engine restarted in this replica"  # deployments/server.py logs it when a restart is done
 TEXTS = [f"request {i}: ternary weights keep two bits for every weight of layer {i % 7}" for i in range(40)]
 
 # (name, body, content type, key, expected status)
@@ -83,6 +86,13 @@ def replicas() -> list[dict]:
 
 def running(reps: list[dict]) -> list[dict]:
     return [r for r in reps if r.get("state") == "RUNNING"]
+
+
+def engine_restarts(log: Path, replica_pid: int) -> int:
+    """How often the replica process `replica_pid` has restarted its engine in place, by its log
+    lines as `serve run` relays them ("(ServeReplica:... pid=N) ... engine restarted in this replica")."""
+    return sum(f"pid={replica_pid})" in line and RESTARTED in line
+               for line in log.read_text(errors="replace").splitlines())
 
 
 def engine_process_of(replica_pid: int, kind: str) -> psutil.Process:
@@ -197,7 +207,7 @@ async def send(client: httpx.AsyncClient, tally: Tally, i: int, malformed_every:
     return status
 
 
-async def phase_kill(tally: Tally, requests: int, concurrency: int, kind: str) -> dict:
+async def phase_kill(tally: Tally, requests: int, concurrency: int, kind: str, log: Path) -> dict:
     """`requests` requests at `concurrency`, and more good ones at the same concurrency until the
     killed replica is replaced (so that autoscaling keeps wanting 2 replicas meanwhile)."""
     kill: dict = {}
@@ -210,12 +220,14 @@ async def phase_kill(tally: Tally, requests: int, concurrency: int, kind: str) -
         victim = running(await asyncio.to_thread(replicas))[0]
         proc = engine_process_of(victim["pid"], kind)
         proc.send_signal(signal.SIGKILL)
-        kill.update(t=time.time(), replica=victim["replica_id"], pid=proc.pid)
+        kill.update(t=time.time(), replica=victim["replica_id"], pid=proc.pid, replica_pid=victim["pid"],
+                    restarts=engine_restarts(log, victim["pid"]))
         print(f"killed {kind} {proc.pid} of replica {victim['replica_id']}", flush=True)
 
     async def monitor(client):
         """From the kill: when the killed replica left RUNNING, when /health said other than 200,
-        when 2 RUNNING replicas (not the killed one) were back and a request was served."""
+        when 2 RUNNING replicas were back, the killed one's engine restarted or the killed one
+        replaced, and a request was served."""
         while "t" not in kill:
             await asyncio.sleep(0.2)
         health_bad: list[float] = []
@@ -231,7 +243,8 @@ async def phase_kill(tally: Tally, requests: int, concurrency: int, kind: str) -
                     health_bad.append(now)
             except httpx.HTTPError:
                 health_bad.append(now)
-            if len(reps) >= 2 and kill["replica"] not in ids:
+            back = kill["replica"] not in ids or engine_restarts(log, kill["replica_pid"]) > kill["restarts"]
+            if len(reps) >= 2 and back:
                 r = await client.post(f"{BASE}/v1/embeddings", headers={"Authorization": f"Bearer {KEY}"},
                                       json={"model": MODEL, "input": TEXTS[0]})
                 if r.status_code == 200:
@@ -315,7 +328,7 @@ async def phase_scale_down(tally: Tally, after_s: float = 10) -> dict:
 async def phase_quiet_kill(tally: Tally, kind: str, seconds: float = 600) -> dict:
     """The CPU default's shape (one replica, no other load): kill its worker, then one good
     request a second (each on its own, so that a waiting one does not hold back the next) until
-    a replacement is RUNNING and serves."""
+    one is served: by the replica's restarted engine, or by a replacement."""
     victim = running(replicas())[0]
     proc = engine_process_of(victim["pid"], kind)
     proc.send_signal(signal.SIGKILL)
@@ -328,17 +341,22 @@ async def phase_quiet_kill(tally: Tally, kind: str, seconds: float = 600) -> dic
             statuses[str(status)] = statuses.get(str(status), 0) + 1
             return status
 
+        served = asyncio.Event()
+
+        async def timed(i):
+            nonlocal recovery
+            if await one(i) == 200 and recovery is None:
+                recovery = round(time.time() - t_kill, 1)
+                served.set()
+
         i = 0
-        while time.time() - t_kill < seconds:
-            tasks.append(asyncio.create_task(one(i)))
+        while time.time() - t_kill < seconds and not served.is_set():
+            tasks.append(asyncio.create_task(timed(i)))
             i += 1
-            await asyncio.sleep(1)
-            reps = running(await asyncio.to_thread(replicas))
-            if reps and victim["replica_id"] not in {r["replica_id"] for r in reps}:
-                if await one(i) == 200:
-                    recovery = round(time.time() - t_kill, 1)
-                    break
-                i += 1
+            try:
+                await asyncio.wait_for(served.wait(), 1)
+            except asyncio.TimeoutError:
+                pass
         await asyncio.gather(*tasks)
     slowest = max((e - s for s, e, _ in tally.timeline if s >= t_kill), default=None)
     return {"quiet_kill_recovery_s": recovery, "quiet_kill_statuses": statuses,
@@ -530,7 +548,7 @@ def main(argv=None) -> int:
         try:
             result["cluster_a_ready_s"] = wait_for(proc, 2, log)
             if "kill" in args.phases:
-                result.update(phase("kill", phase_kill(tally, args.requests, args.concurrency, args.kill)))
+                result.update(phase("kill", phase_kill(tally, args.requests, args.concurrency, args.kill, log)))
             if "scale-down" in args.phases:
                 result.update(phase("scale-down", phase_scale_down(tally)))
         finally:

@@ -99,6 +99,15 @@ def callback_base() -> type:
     return CallbackBase
 
 
+async def release_engine(engine) -> None:
+    """Release what Ray Serve LLM's ``VLLMEngine`` holds beside vLLM's own processes before a new
+    engine replaces it in the same replica: ``VLLMEngine.shutdown`` (Ray 2.60: the prompt-token
+    channel's ZMQ socket and its receive task). Skipped where the version has no such method."""
+    shutdown = getattr(engine, "shutdown", None)
+    if shutdown is not None:
+        await shutdown()
+
+
 def engine_is_dead(client) -> bool:
     """Whether vLLM's engine client has died (``AsyncLLM.errored``: vLLM 0.25.1 and 0.32)."""
     return bool(getattr(client, "errored", False))

@@ -8,6 +8,7 @@ import asyncio
 import logging
 import os
 import threading
+import time
 
 from ray.serve.llm.deployment import LLMServer
 
@@ -33,9 +34,16 @@ def check_worker_status(statuses: list[dict]) -> None:
         )
 
 
-ENGINE_DEAD_MESSAGE = "this replica's engine stopped; Serve is replacing the replica: retry shortly"
-# A replica whose engine died leaves this long after it found out: time for the 503s it is
-# writing to reach the ingress.
+ENGINE_DEAD_MESSAGE = "this replica's engine stopped and is restarting: retry shortly"
+# A replica whose engine died restarts it in its own process: the replica's start (a Ray worker
+# importing torch and vLLM) is skipped, and it keeps its place in Serve's routing. A restart past
+# this bound, or that fails, or a second death within RESTART_MIN_INTERVAL_S of the last restart
+# (an engine that cannot stay up), and the replica exits instead: Serve replaces it.
+ENGINE_RESTART_TIMEOUT_S = 300.0
+RESTART_MIN_INTERVAL_S = 60.0
+ENGINE_WATCH_PERIOD_S = 0.5  # how often the replica looks whether its engine died with no request on it
+# A replica leaving lets this long pass after it found out: time for the 503s it is writing to
+# reach the ingress.
 EXIT_AFTER_ENGINE_DEATH_S = 0.5
 ENGINE_SHUTDOWN_WAIT_S = 5.0
 
@@ -52,61 +60,158 @@ class LocalCheckpoint(compat.callback_base()):
 
 
 class TernaryLLMServer(LLMServer):
+    """Ray Serve LLM's replica with its engine's death handled in place.
+
+    When the vLLM engine dies (a worker or the EngineCore killed, out of memory, a crash), the
+    requests in flight on it get 503 (the ingress adds Retry-After), and the replica starts a new
+    engine in its own process. Requests that arrive meanwhile wait for it and are then served:
+    they hold the replica's slots (max_ongoing_requests), so Serve's router sends the rest to
+    other replicas, or queues them where there is none. The health check passes while the
+    restart runs (it is bounded by ENGINE_RESTART_TIMEOUT_S). Replacing the replica instead cost
+    a Ray worker's start and imports on top of the engine's (benchmarks/results/reliability-cpu.md)."""
+
+    async def start(self):
+        await super().start()
+        self._engine_up = asyncio.Event()
+        self._engine_up.set()
+        self._watcher = asyncio.get_running_loop().create_task(self._watch_engine())
+
+    async def __serve_build_asgi_app__(self):
+        # Direct ingress binds vLLM's app to this engine's client: a restarted engine would not
+        # be behind it, so with direct ingress a dead engine makes the replica leave instead.
+        self._asgi_bound = True
+        return await super().__serve_build_asgi_app__()
+
     async def embeddings(self, request, raw_request_info=None):
-        """Ray Serve LLM's embeddings, with a request that meets a dead engine answered as 503 (the
-        ingress adds Retry-After): the replica is about to be replaced, a retry will be served.
-        Without this it is a 500, as if the request were at fault."""
+        """Ray Serve LLM's embeddings, waiting for an engine being restarted; a request that meets
+        a dead engine is answered 503 (never 500, as if the request were at fault)."""
+        if not await self._engine_available():
+            return self._unavailable_when_engine_dead(None)
         stream = await super().embeddings(request, raw_request_info)
         return self._unavailable_when_engine_dead(stream)
 
     async def _unavailable_when_engine_dead(self, stream):
+        """The engine's stream, or one 503 where the engine died under it (or none is up: None)."""
         try:
-            async for item in stream:
-                yield item
+            if stream is not None:
+                async for item in stream:
+                    yield item
+                return
         except Exception:
-            client = compat.engine_client(self)
-            if client is not None and not compat.engine_is_dead(client):
+            if not self._engine_dead():
                 raise
+            self._on_engine_death()
+        yield compat.error_response(ENGINE_DEAD_MESSAGE, 503, "ServiceUnavailable")
+
+    def _engine_dead(self) -> bool:
+        client = compat.engine_client(self)
+        return client is not None and compat.engine_is_dead(client)
+
+    def _restarting(self) -> bool:
+        task = getattr(self, "_restart_task", None)
+        return task is not None and not task.done()
+
+    async def _engine_available(self) -> bool:
+        """Whether the engine is up, after waiting for a restart in progress (bounded by the
+        restart's own bound); False when the replica is leaving."""
+        if getattr(self, "_leaving", False):
+            return False
+        up = getattr(self, "_engine_up", None)
+        if up is not None and not up.is_set():
+            try:
+                await asyncio.wait_for(up.wait(), ENGINE_RESTART_TIMEOUT_S + 5)
+            except asyncio.TimeoutError:
+                return False
+        return not getattr(self, "_leaving", False)
+
+    async def _watch_engine(self) -> None:
+        """Restart an engine that died while no request was on it (a request or a health check
+        finds out too; whichever is first starts the one restart)."""
+        while not getattr(self, "_leaving", False):
+            await asyncio.sleep(ENGINE_WATCH_PERIOD_S)
+            if not self._restarting() and self._engine_dead():
+                self._on_engine_death()
+
+    def _on_engine_death(self) -> None:
+        """Start the one restart of a dead engine, or leave when a restart cannot help."""
+        if self._restarting() or getattr(self, "_leaving", False):
+            return
+        last = getattr(self, "_last_restart", None)
+        if getattr(self, "_asgi_bound", False):
+            why = "direct ingress serves the dead engine's app"
+        elif last is not None and time.monotonic() - last < RESTART_MIN_INTERVAL_S:
+            why = f"it died again {time.monotonic() - last:.0f} s after its last restart"
+        else:
+            if getattr(self, "_engine_up", None) is None:
+                self._engine_up = asyncio.Event()
+            self._engine_up.clear()
+            self._restart_task = asyncio.get_running_loop().create_task(self._restart_engine())
+            return
+        logger.error("ternary-serve: the vLLM engine of this replica died and %s; the replica exits so "
+                     "that Serve replaces it", why)
+        self._leave_soon()
+
+    async def _restart_engine(self) -> None:
+        t0 = time.monotonic()
+        logger.error("ternary-serve: the vLLM engine of this replica died; restarting it in this replica")
+        old, client = self.engine, compat.engine_client(self)
+        if client is not None:
+            await asyncio.to_thread(self._stop_client, client)
+        if old is not None:
+            await compat.release_engine(old)
+        self.engine = None
+        try:
+            await asyncio.wait_for(LLMServer.start(self), ENGINE_RESTART_TIMEOUT_S)
+        except Exception as exc:  # any failure to start: a fresh replica is the next thing to try
+            logger.error("ternary-serve: the engine restart failed after %.1f s (%s: %s); the replica exits so "
+                         "that Serve replaces it", time.monotonic() - t0, type(exc).__name__, exc)
             self._leave_soon()
-            yield compat.error_response(ENGINE_DEAD_MESSAGE, 503, "ServiceUnavailable")
+            self._engine_up.set()  # waiting requests go on (to their 503)
+            return
+        self._last_restart = time.monotonic()
+        logger.warning("ternary-serve: engine restarted in this replica in %.1f s", self._last_restart - t0)
+        self._engine_up.set()
+
+    @staticmethod
+    def _stop_client(client) -> None:
+        """Stop what is left of a dead engine's processes (a worker whose EngineCore was killed),
+        for at most a few seconds."""
+        stopper = threading.Thread(target=client.shutdown, daemon=True)
+        stopper.start()
+        stopper.join(ENGINE_SHUTDOWN_WAIT_S)
 
     def _leave_soon(self) -> None:
-        """A dead engine does not come back inside this replica, so the replica leaves: its process
-        exits, Serve sees the actor crashed and starts a replacement at its next health check
-        (within health_check_period_s), and routers stop sending it requests at their first
-        failed call. Staying, it waited for 3 failed health checks (25 s after the kill in the
-        first reliability run) and answered every request routed to it meanwhile with a fast 503:
-        106 requests, and 59 of their 106 retries one second later met it again."""
+        """The replica exits: Serve sees the actor crashed and starts a replacement at its next
+        health check (within health_check_period_s), and routers stop sending it requests at their
+        first failed call. A broken replica that stayed waited for 3 failed health checks (25 s
+        in the first reliability run) and answered every request routed to it with a fast 503."""
         if getattr(self, "_leaving", False):
             return
         self._leaving = True
-        logger.error("ternary-serve: the vLLM engine of this replica died; the replica exits so that Serve "
-                     "replaces it now")
         asyncio.get_running_loop().call_later(EXIT_AFTER_ENGINE_DEATH_S, self._exit)
 
     def _exit(self) -> None:
-        """Stop what is left of the engine's processes (a worker whose EngineCore was killed), for
-        at most a few seconds, then end this process."""
         client = compat.engine_client(self)
         if client is not None:
-            stopper = threading.Thread(target=client.shutdown, daemon=True)
-            stopper.start()
-            stopper.join(ENGINE_SHUTDOWN_WAIT_S)
+            self._stop_client(client)
         os._exit(1)
 
     def _client(self):
         client = compat.engine_client(self)
         if client is None:
-            raise PluginMissingError("engine client not started")
+            raise PluginMissingError("engine restarting" if self._restarting() else "engine client not started")
         return client
 
     async def check_health(self) -> None:
+        if self._restarting():
+            return  # the engine is coming back in this replica; the restart is bounded
         try:
             await super().check_health()  # the engine is alive
         except Exception:
-            client = compat.engine_client(self)
-            if client is not None and compat.engine_is_dead(client):
-                self._leave_soon()
+            if self._engine_dead():
+                self._on_engine_death()
+                if self._restarting():
+                    return
             raise
         from ternary_plugin.preflight import is_ternary_checkpoint
 

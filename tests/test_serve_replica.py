@@ -1,11 +1,15 @@
-"""The replica's reactions to a dead engine, without a cluster or an engine: a request answered 503
-and the replica leaving (engine processes stopped, then the process exits, once), a live engine's
-error raised as it is, a failed health check of a dead engine leaving too; and the node-init hook
-that skips Ray Serve LLM's model download for a checkpoint on disk."""
+"""The replica's reactions to a dead engine, without a cluster or an engine: the request on it
+answered 503 and the engine restarted in the replica (once, however many requests and checks find
+out), requests meanwhile waiting for the restarted engine and served by it, the health check
+passing during the restart, the replica leaving (engine processes stopped, then the process exits)
+when a restart fails, when the engine dies again soon after one, or when direct ingress holds the
+old engine; a live engine's error raised as it is; and the node-init hook that skips Ray Serve
+LLM's model download for a checkpoint on disk."""
 
 from __future__ import annotations
 
 import asyncio
+from types import SimpleNamespace
 
 import pytest
 
@@ -27,14 +31,25 @@ class FakeClient:
 
 
 class FakeEngine:
-    """Ray Serve LLM's VLLMEngine: the client, and the health check LLMServer.check_health awaits."""
+    """Ray Serve LLM's VLLMEngine: the client, the health check LLMServer.check_health awaits, and
+    an embeddings stream that says which engine served it."""
 
-    def __init__(self, client: FakeClient):
+    def __init__(self, client: FakeClient, name: str = "first"):
         self._engine_client = client
+        self.name = name
+        self.shutdowns = 0
 
     async def check_health(self):
         if self._engine_client.errored:
             raise RuntimeError("EngineCore encountered an issue")
+
+    async def shutdown(self):
+        self.shutdowns += 1
+
+    async def embeddings(self):
+        if self._engine_client.errored:
+            raise RuntimeError("EngineDeadError: EngineCore encountered an issue")
+        yield f"served by the {self.name} engine"
 
 
 class _Replica(TernaryLLMServer):
@@ -45,6 +60,8 @@ class _Replica(TernaryLLMServer):
 def _replica(errored: bool) -> TernaryLLMServer:
     replica = _Replica.__new__(_Replica)  # no engine start: the methods under test only
     replica.engine = FakeEngine(FakeClient(errored))
+    # a model directory with no ternary config.json: the health check stops at the engine's own
+    replica._llm_config = SimpleNamespace(model_loading_config=SimpleNamespace(model_source="an-unquantized-baseline"))
     return replica
 
 
@@ -61,22 +78,60 @@ def exits(monkeypatch):
     return calls
 
 
-def test_a_dead_engine_answers_503_and_the_replica_leaves_once(exits):
+@pytest.fixture
+def engine_starts(monkeypatch):
+    """LLMServer.start as the restart calls it: a new engine after `delay` seconds, or a failure.
+    The list records each start; set `.fail` or `.delay` on it."""
+
+    class Starts(list):
+        fail = False
+        delay = 0.05
+
+    starts = Starts()
+
+    async def start(self):
+        starts.append(self)
+        await asyncio.sleep(starts.delay)
+        if starts.fail:
+            raise RuntimeError("the new EngineCore failed to start")
+        self.engine = FakeEngine(FakeClient(False), name=f"restart {len(starts)}")
+
+    async def embeddings(self, request, raw_request_info=None):  # LLMServer.embeddings: the engine's stream
+        return self.engine.embeddings()
+
+    monkeypatch.setattr(server.LLMServer, "start", start)
+    monkeypatch.setattr(server.LLMServer, "embeddings", embeddings)
+    return starts
+
+
+async def _request(replica) -> list:
+    return [item async for item in await replica.embeddings(request=None)]
+
+
+def _codes(items) -> list:
+    return [(i.error.code, i.error.message) if hasattr(i, "error") else i for i in items]
+
+
+def test_a_dead_engine_answers_503_restarts_in_place_once_and_then_serves(exits, engine_starts):
     replica = _replica(errored=True)
+    old = replica.engine
 
-    async def two_requests():
-        items = []
-        for _ in range(2):
-            items += [item async for item in replica._unavailable_when_engine_dead(_failing_stream())]
-        await asyncio.sleep(0.2)  # the scheduled exit
-        return items
+    async def scenario():
+        on_dead = [await _request(replica)]  # met the dead engine: the restart begins
+        # another request in flight on the dead engine fails during the restart: no second restart
+        on_dead.append([item async for item in replica._unavailable_when_engine_dead(old.embeddings())])
+        later = await _request(replica)  # arrives during the restart: waits, then served
+        await replica._restart_task
+        return on_dead, later
 
-    items = asyncio.run(two_requests())
-    assert [(i.error.code, i.error.message) for i in items] == [(503, ENGINE_DEAD_MESSAGE)] * 2
-    assert exits == [1] and replica.engine._engine_client.shutdowns == 1
+    on_dead, later = asyncio.run(scenario())
+    assert [_codes(items) for items in on_dead] == [[(503, ENGINE_DEAD_MESSAGE)]] * 2
+    assert later == ["served by the restart 1 engine"]
+    assert len(engine_starts) == 1 and exits == []
+    assert old._engine_client.shutdowns == 1 and old.shutdowns == 1  # the dead engine's leftovers stopped
 
 
-def test_a_live_engines_error_is_raised_and_the_replica_stays(exits):
+def test_a_live_engines_error_is_raised_and_nothing_restarts(exits, engine_starts):
     replica = _replica(errored=False)
 
     async def one_request():
@@ -84,19 +139,86 @@ def test_a_live_engines_error_is_raised_and_the_replica_stays(exits):
 
     with pytest.raises(RuntimeError, match="output queue broke"):
         asyncio.run(one_request())
-    assert exits == []
+    assert exits == [] and engine_starts == []
 
 
-def test_a_failed_health_check_of_a_dead_engine_makes_the_replica_leave(exits):
+def test_the_health_check_starts_the_restart_and_passes_while_it_runs(exits, engine_starts):
+    replica = _replica(errored=True)
+    engine_starts.delay = 0.3
+
+    async def checks():
+        await replica.check_health()  # finds the dead engine: the restart begins, the check passes
+        assert replica._restarting()
+        await replica.check_health()  # during the restart
+        await replica._restart_task
+        await replica.check_health()  # the new engine
+
+    asyncio.run(checks())
+    assert len(engine_starts) == 1 and exits == []
+    assert replica.engine.name == "restart 1"
+
+
+def test_the_watcher_restarts_an_engine_that_died_with_no_request_on_it(exits, engine_starts, monkeypatch):
+    monkeypatch.setattr(server, "ENGINE_WATCH_PERIOD_S", 0.01)
+    replica = _replica(errored=False)
+
+    async def scenario():
+        watcher = asyncio.get_running_loop().create_task(replica._watch_engine())
+        await asyncio.sleep(0.05)
+        assert engine_starts == []  # a live engine is left alone
+        replica.engine._engine_client.errored = True
+        for _ in range(100):
+            await asyncio.sleep(0.02)
+            if len(engine_starts) == 1 and not replica._restarting():
+                break
+        watcher.cancel()
+
+    asyncio.run(scenario())
+    assert len(engine_starts) == 1 and replica.engine.name == "restart 1" and exits == []
+
+
+def test_a_failed_restart_makes_the_replica_leave_and_its_waiting_requests_get_503(exits, engine_starts):
+    replica = _replica(errored=True)
+    engine_starts.fail = True
+
+    async def scenario():
+        first = await _request(replica)
+        waiting = await _request(replica)  # waits for the restart, which fails
+        await asyncio.sleep(0.1)  # the scheduled exit
+        return first, waiting
+
+    first, waiting = asyncio.run(scenario())
+    assert _codes(first) == _codes(waiting) == [(503, ENGINE_DEAD_MESSAGE)]
+    assert len(engine_starts) == 1 and exits == [1]
+
+
+def test_an_engine_that_dies_again_soon_after_a_restart_makes_the_replica_leave(exits, engine_starts):
     replica = _replica(errored=True)
 
-    async def check():
-        with pytest.raises(RuntimeError, match="EngineCore"):
-            await replica.check_health()
-        await asyncio.sleep(0.2)
+    async def scenario():
+        await _request(replica)
+        await replica._restart_task
+        replica.engine._engine_client.errored = True  # dies again, within RESTART_MIN_INTERVAL_S
+        again = await _request(replica)
+        await asyncio.sleep(0.1)
+        return again
 
-    asyncio.run(check())
-    assert exits == [1]
+    again = asyncio.run(scenario())
+    assert _codes(again) == [(503, ENGINE_DEAD_MESSAGE)]
+    assert len(engine_starts) == 1 and exits == [1]
+
+
+def test_with_direct_ingress_a_dead_engine_makes_the_replica_leave(exits, engine_starts):
+    replica = _replica(errored=True)
+    replica._asgi_bound = True  # __serve_build_asgi_app__ ran: vLLM's app holds this engine
+
+    async def scenario():
+        items = await _request(replica)
+        await asyncio.sleep(0.1)
+        return items
+
+    assert _codes(asyncio.run(scenario())) == [(503, ENGINE_DEAD_MESSAGE)]
+    assert engine_starts == [] and exits == [1] and replica.engine._engine_client.shutdowns == 1
 
 
 def test_the_node_init_hook_skips_the_model_download():
