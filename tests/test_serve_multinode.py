@@ -4,7 +4,7 @@ replica a node, with the test support's fault-injecting replica and worker class
 the lot, in this order: embeddings against offline tp 1; the reconciliation job (also as a Ray Job)
 over every replica, node and rank; faults injected on the second node's replica named and that
 replica alone replaced; a killed engine worker answered 503 + Retry-After while the other replica
-serves, then replaced; a node killed mid-job gives exit 2 naming the node. The periodic job
+serves, then its engine restarted in its replica; a node killed mid-job gives exit 2 naming the node. The periodic job
 (`reconcile --every`) runs beside them as a Ray Job and reports through Prometheus gauges."""
 
 from __future__ import annotations
@@ -233,7 +233,7 @@ def test_faults_on_the_second_node_are_named_and_only_that_replica_is_replaced(c
 def test_a_killed_worker_gets_503_while_the_other_replica_serves(cluster):
     """Kill -9 one replica's tp-1 worker under a steady stream of requests: each is answered 200, or
     503 with Retry-After by the broken replica (never 500, never a hang); a client that retries
-    once is served; the replica is replaced and both serve again."""
+    once is served; the replica restarts its engine (a new tp-1 worker) and both serve again."""
     pids = subprocess.run(["pgrep", "-f", "VLLM::Worker_TP1"], capture_output=True, text=True).stdout.split()
     assert len(pids) == 2, f"expected one tp-1 worker per replica, found {pids}"
     subprocess.run(["kill", "-9", pids[0]], check=True)
@@ -258,7 +258,7 @@ def test_a_killed_worker_gets_503_while_the_other_replica_serves(cluster):
             break
         time.sleep(5)
     else:
-        pytest.fail("the broken replica was not replaced within 400 s")
+        pytest.fail("the broken replica did not serve again within 400 s")
     new = subprocess.run(["pgrep", "-f", "VLLM::Worker_TP1"], capture_output=True, text=True).stdout.split()
     assert len(new) == 2 and pids[0] not in new, (pids, new)
     print(f"statuses after the kill: { {s: statuses.count(s) for s in set(statuses)} }, retried ok {retried_ok}, "
