@@ -16,7 +16,8 @@ instead of the default sentence (one value, or one per --concurrency level); --d
 words at random for every request (vLLM caches prefixes for last-token pooling models: the same
 text sent again would compute its last token only); --reconcile runs `ternary-serve reconcile`
 against each ternary deployment while it is up and records its exit code. --activation-dtype sets
-the application's activation_dtype (int8: W2A8). The JSON is rewritten after every level, so a run
+the application's activation_dtype (int8: W2A8). --hops N adds a per-hop timing of N sequential
+requests (see hop_profile). The JSON is rewritten after every level, so a run
 cut off keeps the levels it finished; SIGTERM stops the cluster it started. --http-port and
 --ray-port (and --dashboard-port, --metrics-port) move the cluster off 8000 / 6390 (a check beside
 other users' clusters).
@@ -30,6 +31,7 @@ import json
 import os
 import platform
 import random
+import re
 import signal
 import statistics
 import subprocess
@@ -102,6 +104,103 @@ async def run_level(model_id: str, key: str | None, concurrency: int, requests: 
         "latency_p99_ms": round(1000 * percentile(latencies, 99), 2) if ok else None,
         "latency_mean_ms": round(1000 * statistics.mean(latencies), 2) if ok else None,
     }
+
+
+# The access lines the replicas write (`serve run`'s output, RAY_SERVE_LOG_TO_STDERR=1), by request id:
+# the ingress's "<id> -- POST /v1/embeddings 200 12.3ms" and the model replica's "<id> -- CALL
+# embeddings OK 9.8ms" (Ray 2.57.1 and 2.60).
+ACCESS_LINE = re.compile(r"(?P<rid>[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}) -- "
+                         r"(?:(?P<ingress>POST /v1/embeddings 200)|CALL embeddings OK) (?P<ms>[0-9.]+)ms")
+# vLLM's per-request latency inside its AsyncLLM (arrival to finish: the EngineCore, its workers and
+# the IPC between them), a histogram that Ray Serve LLM exports through Ray's metrics agent
+# (log_engine_metrics), named with Ray's prefix ("ray_vllm_e2e_request_latency_seconds_sum").
+ENGINE_LATENCY = re.compile(r"^\S*e2e_request_latency_seconds_(?P<part>sum|count)\{(?P<labels>[^}]*)\} (?P<v>\S+)$", re.M)
+
+
+def engine_latency(metrics_text: str, model_id: str) -> tuple[float, float] | None:
+    """(sum of seconds, count) of vLLM's e2e request latency for `model_id` in a Prometheus text
+    page, summed over its series (one per engine process), or None where it has none."""
+    totals = {"sum": 0.0, "count": 0.0}
+    found = False
+    for m in ENGINE_LATENCY.finditer(metrics_text):
+        if f'model_name="{model_id}"' in m["labels"]:
+            totals[m["part"]] += float(m["v"])
+            found = True
+    return (totals["sum"], totals["count"]) if found else None
+
+
+def access_times(log_text: str, request_ids) -> tuple[dict[str, float], dict[str, float]]:
+    """({request id: the ingress's ms}, {request id: the model replica's ms}) for the given ids."""
+    ingress, replica = {}, {}
+    for m in ACCESS_LINE.finditer(log_text):
+        if m["rid"] in request_ids:
+            (ingress if m["ingress"] else replica)[m["rid"]] = float(m["ms"])
+    return ingress, replica
+
+
+def engine_latency_totals(metrics_port: int, model_id: str) -> tuple[float, float] | None:
+    try:
+        text = httpx.get(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10).text
+    except httpx.HTTPError:
+        return None
+    return engine_latency(text, model_id)
+
+
+async def hop_profile(model_id: str, key: str | None, n: int, text, log: Path, metrics_port: int,
+                      settle_s: float = 60) -> dict:
+    """Where the time of one request goes, at concurrency 1: `n` sequential requests, each matched
+    by its x-request-id to the ingress's and the model replica's access lines, and vLLM's own
+    per-request latency (its metrics' sum and count over the same requests). Means add up:
+    client = outside the ingress (HTTP, Serve's proxy and its hop to the ingress) + the ingress's
+    own work (its checks, and the handle call to the replica) + the model replica above vLLM's
+    engine (Ray Serve LLM, vLLM's OpenAI serving layer: tokenizing, the response) + vLLM's engine."""
+    make = text if callable(text) else (lambda: text)
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+
+    async def settled_totals(want_count: float | None) -> tuple[float, float] | None:
+        deadline = time.time() + settle_s  # Ray's metrics agent exports every ~10 s
+        while True:
+            totals = engine_latency_totals(metrics_port, model_id)
+            if totals is not None and (want_count is None or totals[1] >= want_count) or time.time() > deadline:
+                return totals
+            await asyncio.sleep(2)
+
+    before = await settled_totals(None)
+    client_ms: dict[str, float] = {}
+    async with httpx.AsyncClient(timeout=120) as client:
+        for _ in range(n):
+            t = time.perf_counter()
+            r = await client.post(f"{BASE}/v1/embeddings", json={"model": model_id, "input": make()}, headers=headers)
+            dt = 1000 * (time.perf_counter() - t)
+            if r.status_code == 200 and r.headers.get("x-request-id"):
+                client_ms[r.headers["x-request-id"]] = dt
+    after = await settled_totals(before[1] + len(client_ms) if before else None)
+    deadline = time.time() + settle_s  # request logs are buffered in the throughput-optimized mode
+    while True:
+        ingress_ms, replica_ms = access_times(log.read_text(errors="replace"), client_ms)
+        if len(ingress_ms) == len(replica_ms) == len(client_ms) or time.time() > deadline:
+            break
+        await asyncio.sleep(2)
+    rids = [r for r in client_ms if r in ingress_ms and r in replica_ms]
+
+    def stats(values: list[float]) -> dict:
+        return {"mean": round(statistics.mean(values), 2), "p50": round(percentile(values, 50), 2)} if values else {}
+
+    out = {"requests": n, "matched": len(rids),
+           "client_ms": stats([client_ms[r] for r in rids]),
+           "ingress_access_ms": stats([ingress_ms[r] for r in rids]),
+           "replica_call_ms": stats([replica_ms[r] for r in rids]),
+           "outside_ingress_ms": stats([client_ms[r] - ingress_ms[r] for r in rids]),
+           "ingress_own_ms": stats([ingress_ms[r] - replica_ms[r] for r in rids])}
+    if before and after and after[1] - before[1] >= len(rids) > 0:
+        engine_mean = 1000 * (after[0] - before[0]) / (after[1] - before[1])
+        out["engine_mean_ms"] = round(engine_mean, 2)
+        out["replica_above_engine_mean_ms"] = round(out["replica_call_ms"]["mean"] - engine_mean, 2)
+        out["engine_requests_counted"] = int(after[1] - before[1])
+    else:
+        out["engine_mean_ms"] = None
+        out["engine_missing"] = f"vLLM's latency metric not found or not exported in time on port {metrics_port}"
+    return out
 
 
 def deploy_failure(log: Path) -> str | None:
@@ -223,6 +322,8 @@ def main(argv=None) -> int:
     ap.add_argument("--ray-port", type=int, default=RAY_PORT)
     ap.add_argument("--dashboard-port", type=int, default=None, help="default: ternary-serve serve's")
     ap.add_argument("--metrics-port", type=int, default=None, help="default: ternary-serve serve's")
+    ap.add_argument("--hops", type=int, default=0, metavar="N",
+                    help="after the levels, N sequential requests timed hop by hop (hop_profile)")
     ap.add_argument("--reconcile", action="store_true", help="run the reconciliation job against each ternary model")
     ap.add_argument("--reconcile-timeout", type=float, default=120, help="its per-deployment timeout (s)")
     args = ap.parse_args(argv)
@@ -274,6 +375,10 @@ def main(argv=None) -> int:
                 entry["levels"].append(asyncio.run(run_level(label, None, c, args.requests, args.max_seconds,
                                                              args.inputs_per_request, text)))
                 _write(args.out / f"{args.name}.json", result)  # what is measured survives a cut-off run
+            if args.hops:
+                text = text_for(len(args.concurrency), per_level[0] if per_level else None)
+                entry["hops"] = asyncio.run(hop_profile(label, None, args.hops, text, log, args.metrics_port or 8081))
+                _write(args.out / f"{args.name}.json", result)
             if args.reconcile and _is_ternary(Path(model)):
                 entry["reconcile"] = reconcile(args.out / f"{args.name}-{label}-reconcile.json", args.reconcile_timeout,
                                                args.ray_port)
@@ -293,6 +398,17 @@ def main(argv=None) -> int:
         for lv in m["levels"]:
             lines.append(f"| {label} | {lv['concurrency']} | {lv['requests_ok']} | {lv['embeddings_per_s']} | "
                          f"{lv['tokens_per_s']} | {lv['latency_p50_ms']} | {lv['latency_p95_ms']} | {lv['latency_p99_ms']} | {lv['errors']} |")
+    hops = {label: m["hops"] for label, m in result["models"].items() if m.get("hops")}
+    if hops:
+        lines += ["", "Where one request's time goes, concurrency 1 (`--hops`: means in ms over the matched "
+                  "requests; the four parts add up to the client's time):", "",
+                  "| model | requests | client p50 | client | outside the ingress (HTTP, proxy) | ingress own "
+                  "(checks, handle call) | replica above vLLM's engine | vLLM engine |",
+                  "|---|---|---|---|---|---|---|---|"]
+        for label, h in hops.items():
+            lines.append(f"| {label} | {h['matched']} | {h['client_ms'].get('p50')} | {h['client_ms'].get('mean')} | "
+                         f"{h['outside_ingress_ms'].get('mean')} | {h['ingress_own_ms'].get('mean')} | "
+                         f"{h.get('replica_above_engine_mean_ms')} | {h.get('engine_mean_ms')} |")
     (args.out / f"{args.name}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     return 0

@@ -87,7 +87,13 @@ class TernaryLLMServer(LLMServer):
         a dead engine is answered 503 (never 500, as if the request were at fault)."""
         if not await self._engine_available():
             return self._unavailable_when_engine_dead(None)
-        stream = await super().embeddings(request, raw_request_info)
+        try:
+            stream = await super().embeddings(request, raw_request_info)
+        except Exception:  # the engine died (or a restart took it away) between the check and the call
+            if not self._engine_lost():
+                raise
+            self._on_engine_death()
+            return self._unavailable_when_engine_dead(None)
         return self._unavailable_when_engine_dead(stream)
 
     async def _unavailable_when_engine_dead(self, stream):
@@ -98,7 +104,7 @@ class TernaryLLMServer(LLMServer):
                     yield item
                 return
         except Exception:
-            if not self._engine_dead():
+            if not self._engine_lost():
                 raise
             self._on_engine_death()
         yield compat.error_response(ENGINE_DEAD_MESSAGE, 503, "ServiceUnavailable")
@@ -106,6 +112,11 @@ class TernaryLLMServer(LLMServer):
     def _engine_dead(self) -> bool:
         client = compat.engine_client(self)
         return client is not None and compat.engine_is_dead(client)
+
+    def _engine_lost(self) -> bool:
+        """The engine a request was on is gone: dead, or already being replaced (a restart that
+        another request, a check or the watcher began has taken it away)."""
+        return self._restarting() or self._engine_dead()
 
     def _restarting(self) -> bool:
         task = getattr(self, "_restart_task", None)

@@ -131,6 +131,29 @@ def test_a_dead_engine_answers_503_restarts_in_place_once_and_then_serves(exits,
     assert old._engine_client.shutdowns == 1 and old.shutdowns == 1  # the dead engine's leftovers stopped
 
 
+def test_a_request_whose_engine_a_restart_already_took_away_gets_503(exits, engine_starts):
+    """The watcher found the dead engine first: the restart runs (no engine in the replica for a
+    while) when the requests that were on the old engine, or that passed the check just before the
+    death was seen, fail: each gets the 503, never the error, and no second restart starts."""
+    replica = _replica(errored=True)
+    engine_starts.delay = 0.3
+
+    async def scenario():
+        old = replica.engine
+        replica._on_engine_death()
+        await asyncio.sleep(0.05)  # the old engine is stopped; the new one is starting
+        assert replica.engine is None and replica._restarting()
+        on_old = [item async for item in replica._unavailable_when_engine_dead(old.embeddings())]
+        replica._engine_up.set()  # as for a request that passed the check before the death was seen
+        passed_check = [item async for item in await replica.embeddings(request=None)]
+        await replica._restart_task
+        return on_old, passed_check
+
+    on_old, passed_check = asyncio.run(scenario())
+    assert _codes(on_old) == _codes(passed_check) == [(503, ENGINE_DEAD_MESSAGE)]
+    assert len(engine_starts) == 1 and exits == [] and replica.engine.name == "restart 1"
+
+
 def test_a_live_engines_error_is_raised_and_nothing_restarts(exits, engine_starts):
     replica = _replica(errored=False)
 

@@ -26,6 +26,7 @@
 #                                                   # or E2E8B_OFFLINE_W2A8=0, then Ray Serve (<= 400 s)
 #   bash benchmarks/gpu/gpu_e2e_run.sh e2e8b_profile   # after them: torch.profiler of c1 / c16 per engine
 #   bash benchmarks/gpu/gpu_e2e_run.sh distill06b      # the distillation's time and memory at 0.6B size
+#   bash benchmarks/gpu/gpu_e2e_run.sh serve_hops      # where the Serve path's time goes at c1 (no setup needed)
 #   bash benchmarks/gpu/gpu_e2e_run.sh e2e8b_w2a8_depth  # where W2A8's embedding error comes from (8B)
 #   (E2E8B_BUDGET=seconds bounds each of the two, default 550; lower it by setup's time when the same
 #    call runs setup first. E2E8B_SHAPE=tiny: the 2-layer stand-in, a quick check of the stage itself)
@@ -306,6 +307,24 @@ stage_reconcile_tp1() {
 }
 stage_serve_tp2() {
   serve_bench configs/tp2.yaml serve-gpu-tp2 ternary=models/qwen3-embedding-0.6b-ternary --concurrency 1 16 64
+}
+
+# Where the serving layer's time goes at concurrency 1 (issue #22's overhead target): a random
+# Qwen3-Embedding-0.6B-shaped bf16 model through configs/tp1.yaml, bench_serve --hops (each
+# request's time split by the ingress's and the replica's access lines and vLLM's own latency
+# metric), then the same model offline (vLLM's LLM, its default executor), whose c1 p50 is the
+# engine alone. The serving layer is the same for every variant, so the bf16 model serves: no
+# ternary layer runs and the package is installed without building its kernels (~10 s, not ~150)
+stage_serve_hops() {
+  TERNARY_BUILD_CUDA=0 TERNARY_BUILD_CPU=0 python3 -m pip install -q --no-deps --no-build-isolation -e . \
+    > "$LOGS/install.log" 2>&1 || { tail -20 "$LOGS/install.log"; return 1; }
+  local model=${HOPS_MODEL:-/root/hops/qwen3-0.6b-bf16}
+  [ -e "$model/config.json" ] || python3 -c "import sys, torch; from pathlib import Path; \
+from ternary_plugin.synthetic import QWEN3_EMBEDDING_0_6B, make_qwen3; \
+make_qwen3(Path(sys.argv[1]), dtype=torch.bfloat16, **QWEN3_EMBEDDING_0_6B)" "$model" || return 1
+  serve_bench configs/tp1.yaml serve-hops-h200 "bf16=$model" --concurrency 1 16 --hops "${HOPS_N:-300}" ${HOPS_ARGS:-}
+  [ "${HOPS_OFFLINE:-1}" = 1 ] && offline_run "$model" hops-bf16 --quick
+  grep -h '"p50"' "$OUT"/offline-hops-bf16.json 2>/dev/null
 }
 
 # --- The 8B-shaped end-to-end run (issue #22): two sub-stages for two device calls back to back ---------
