@@ -157,15 +157,15 @@ async def hop_profile(model_id: str, key: str | None, n: int, text, log: Path, m
     make = text if callable(text) else (lambda: text)
     headers = {"Authorization": f"Bearer {key}"} if key else {}
 
-    async def settled_totals(want_count: float | None) -> tuple[float, float] | None:
+    async def settled_totals(want_count: float) -> tuple[float, float] | None:
         deadline = time.time() + settle_s  # Ray's metrics agent exports every ~10 s
         while True:
             totals = engine_latency_totals(metrics_port, model_id)
-            if totals is not None and (want_count is None or totals[1] >= want_count) or time.time() > deadline:
+            if totals is not None and totals[1] >= want_count or time.time() > deadline:
                 return totals
             await asyncio.sleep(2)
 
-    before = await settled_totals(None)
+    before = engine_latency_totals(metrics_port, model_id)
     client_ms: dict[str, float] = {}
     async with httpx.AsyncClient(timeout=120) as client:
         for _ in range(n):
@@ -174,7 +174,7 @@ async def hop_profile(model_id: str, key: str | None, n: int, text, log: Path, m
             dt = 1000 * (time.perf_counter() - t)
             if r.status_code == 200 and r.headers.get("x-request-id"):
                 client_ms[r.headers["x-request-id"]] = dt
-    after = await settled_totals(before[1] + len(client_ms) if before else None)
+    after = await settled_totals((before[1] if before else 0) + len(client_ms))
     deadline = time.time() + settle_s  # request logs are buffered in the throughput-optimized mode
     while True:
         ingress_ms, replica_ms = access_times(log.read_text(errors="replace"), client_ms)
@@ -200,6 +200,12 @@ async def hop_profile(model_id: str, key: str | None, n: int, text, log: Path, m
     else:
         out["engine_mean_ms"] = None
         out["engine_missing"] = f"vLLM's latency metric not found or not exported in time on port {metrics_port}"
+        try:  # what the page has instead, to find the metric's name where it moved
+            page = httpx.get(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10).text
+            out["metrics_seen"] = sorted({line.split("{")[0] for line in page.splitlines()
+                                          if "vllm" in line and not line.startswith("#")})[:60]
+        except httpx.HTTPError as exc:
+            out["metrics_seen"] = f"{type(exc).__name__}: {exc}"
     return out
 
 
@@ -264,7 +270,9 @@ def serve_model(config: Path, model_dir: Path, model_id: str, log: Path, replica
                              str(ray_port or RAY_PORT), "--temp-dir", os.environ.get("RAY_TMP", "/tmp/ternary-ray"),
                              *extra], cwd=REPO,
                             stdout=open(log, "w"), stderr=subprocess.STDOUT, start_new_session=True,
-                            env=dict(os.environ, TERNARY_API_KEY=""))
+                            # RAY_DEDUP_LOGS=0: Ray's driver folds lines that differ only in ids and
+                            # numbers ("[repeated 299x across cluster]"): --hops needs every access line
+                            env=dict(os.environ, TERNARY_API_KEY="", RAY_DEDUP_LOGS="0"))
     _RUNNING.append(proc)
     deadline = time.time() + health_timeout
     while time.time() < deadline:
