@@ -282,7 +282,7 @@ def main(argv=None) -> int:
     rows = [r for s in shapes
             for r in bench_layer(*s, args.ms, args.threads, args.min_seconds, args.min_reps, w2a8, not args.no_vllm)]
     load_after = os.getloadavg()
-    shared = max(load_before[0], load_after[0]) > 0.5
+    shared = load_before[0] > 0.5  # the load after counts this run's own threads
     meta = {
         "machine": machine(), "torch": torch.__version__, "python": platform.python_version(),
         "kernel_isa": ops.cpu_kernel_isa(), "w2a8_kernel_isa": ops.cpu_w2a8_isa() if w2a8 else None,
@@ -294,7 +294,8 @@ def main(argv=None) -> int:
         "machine_shared": shared,
         "load_note": ("The machine was shared with other work during the run (1-minute load average "
                       f"{load_before[0]:.2f} before, {load_after[0]:.2f} after, on {os.cpu_count()} cores): "
-                      "times are noisy, medians of interleaved calls." if shared else "The machine was idle."),
+                      "times are noisy, medians of interleaved calls." if shared else
+                      f"The machine was idle before the run (1-minute load average {load_before[0]:.2f})."),
         "seconds": round(time.time() - t0, 1),
         "method": __doc__.split("Method: ", 1)[1].split("Writes")[0].strip(),
     }
