@@ -111,24 +111,6 @@ async def run_level(model_id: str, key: str | None, concurrency: int, requests: 
 # embeddings OK 9.8ms" (Ray 2.57.1 and 2.60).
 ACCESS_LINE = re.compile(r"(?P<rid>[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}) -- "
                          r"(?:(?P<ingress>POST /v1/embeddings 200)|CALL embeddings OK) (?P<ms>[0-9.]+)ms")
-# vLLM's per-request latency inside its AsyncLLM (arrival to finish: the EngineCore, its workers and
-# the IPC between them), a histogram that Ray Serve LLM exports through Ray's metrics agent
-# (log_engine_metrics), named with Ray's prefix ("ray_vllm_e2e_request_latency_seconds_sum").
-ENGINE_LATENCY = re.compile(r"^\S*e2e_request_latency_seconds_(?P<part>sum|count)\{(?P<labels>[^}]*)\} (?P<v>\S+)$", re.M)
-
-
-def engine_latency(metrics_text: str, model_id: str) -> tuple[float, float] | None:
-    """(sum of seconds, count) of vLLM's e2e request latency for `model_id` in a Prometheus text
-    page, summed over its series (one per engine process), or None where it has none."""
-    totals = {"sum": 0.0, "count": 0.0}
-    found = False
-    for m in ENGINE_LATENCY.finditer(metrics_text):
-        if f'model_name="{model_id}"' in m["labels"]:
-            totals[m["part"]] += float(m["v"])
-            found = True
-    return (totals["sum"], totals["count"]) if found else None
-
-
 def access_times(log_text: str, request_ids) -> tuple[dict[str, float], dict[str, float]]:
     """({request id: the ingress's ms}, {request id: the model replica's ms}) for the given ids."""
     ingress, replica = {}, {}
@@ -138,34 +120,16 @@ def access_times(log_text: str, request_ids) -> tuple[dict[str, float], dict[str
     return ingress, replica
 
 
-def engine_latency_totals(metrics_port: int, model_id: str) -> tuple[float, float] | None:
-    try:
-        text = httpx.get(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10).text
-    except httpx.HTTPError:
-        return None
-    return engine_latency(text, model_id)
-
-
-async def hop_profile(model_id: str, key: str | None, n: int, text, log: Path, metrics_port: int,
-                      settle_s: float = 60) -> dict:
+async def hop_profile(model_id: str, key: str | None, n: int, text, log: Path, settle_s: float = 60) -> dict:
     """Where the time of one request goes, at concurrency 1: `n` sequential requests, each matched
-    by its x-request-id to the ingress's and the model replica's access lines, and vLLM's own
-    per-request latency (its metrics' sum and count over the same requests). Means add up:
+    by its x-request-id to the ingress's and the model replica's access lines. Means add up:
     client = outside the ingress (HTTP, Serve's proxy and its hop to the ingress) + the ingress's
-    own work (its checks, and the handle call to the replica) + the model replica above vLLM's
-    engine (Ray Serve LLM, vLLM's OpenAI serving layer: tokenizing, the response) + vLLM's engine."""
+    own (its checks, FastAPI, Ray Serve LLM's ingress, the handle call to the replica and back)
+    + the replica's call (Ray Serve LLM's LLMServer, vLLM's OpenAI serving layer and its engine).
+    The engine alone is bench_e2e.py offline's c1 latency of the same model. (vLLM's latency
+    histogram, as Ray's metrics agent exports it, gave bucket-resolution sums: no use here.)"""
     make = text if callable(text) else (lambda: text)
     headers = {"Authorization": f"Bearer {key}"} if key else {}
-
-    async def settled_totals(want_count: float) -> tuple[float, float] | None:
-        deadline = time.time() + settle_s  # Ray's metrics agent exports every ~10 s
-        while True:
-            totals = engine_latency_totals(metrics_port, model_id)
-            if totals is not None and totals[1] >= want_count or time.time() > deadline:
-                return totals
-            await asyncio.sleep(2)
-
-    before = engine_latency_totals(metrics_port, model_id)
     client_ms: dict[str, float] = {}
     async with httpx.AsyncClient(timeout=120) as client:
         for _ in range(n):
@@ -174,7 +138,6 @@ async def hop_profile(model_id: str, key: str | None, n: int, text, log: Path, m
             dt = 1000 * (time.perf_counter() - t)
             if r.status_code == 200 and r.headers.get("x-request-id"):
                 client_ms[r.headers["x-request-id"]] = dt
-    after = await settled_totals((before[1] if before else 0) + len(client_ms))
     deadline = time.time() + settle_s  # request logs are buffered in the throughput-optimized mode
     while True:
         ingress_ms, replica_ms = access_times(log.read_text(errors="replace"), client_ms)
@@ -186,27 +149,12 @@ async def hop_profile(model_id: str, key: str | None, n: int, text, log: Path, m
     def stats(values: list[float]) -> dict:
         return {"mean": round(statistics.mean(values), 2), "p50": round(percentile(values, 50), 2)} if values else {}
 
-    out = {"requests": n, "matched": len(rids),
-           "client_ms": stats([client_ms[r] for r in rids]),
-           "ingress_access_ms": stats([ingress_ms[r] for r in rids]),
-           "replica_call_ms": stats([replica_ms[r] for r in rids]),
-           "outside_ingress_ms": stats([client_ms[r] - ingress_ms[r] for r in rids]),
-           "ingress_own_ms": stats([ingress_ms[r] - replica_ms[r] for r in rids])}
-    if before and after and after[1] - before[1] >= len(rids) > 0:
-        engine_mean = 1000 * (after[0] - before[0]) / (after[1] - before[1])
-        out["engine_mean_ms"] = round(engine_mean, 2)
-        out["replica_above_engine_mean_ms"] = round(out["replica_call_ms"]["mean"] - engine_mean, 2)
-        out["engine_requests_counted"] = int(after[1] - before[1])
-    else:
-        out["engine_mean_ms"] = None
-        out["engine_missing"] = f"vLLM's latency metric not found or not exported in time on port {metrics_port}"
-        try:  # what the page has instead, to find the metric's name where it moved
-            page = httpx.get(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10).text
-            out["metrics_seen"] = sorted({line.split("{")[0] for line in page.splitlines()
-                                          if "vllm" in line and not line.startswith("#")})[:60]
-        except httpx.HTTPError as exc:
-            out["metrics_seen"] = f"{type(exc).__name__}: {exc}"
-    return out
+    return {"requests": n, "matched": len(rids),
+            "client_ms": stats([client_ms[r] for r in rids]),
+            "ingress_access_ms": stats([ingress_ms[r] for r in rids]),
+            "replica_call_ms": stats([replica_ms[r] for r in rids]),
+            "outside_ingress_ms": stats([client_ms[r] - ingress_ms[r] for r in rids]),
+            "ingress_own_ms": stats([ingress_ms[r] - replica_ms[r] for r in rids])}
 
 
 def deploy_failure(log: Path) -> str | None:
@@ -310,6 +258,31 @@ def reconcile(report: Path, timeout: float = 120, ray_port: int | None = None) -
             "seconds": round(time.time() - t, 1), "report": str(report)}
 
 
+def markdown(result: dict) -> str:
+    """serve-*.md from its JSON: the levels, and where one request's time goes (--hops)."""
+    env = " ".join(f"{k}={v}" for k, v in result["env"].items())
+    lines = [f"# Serve load test ({result['machine']})", "", f"`{env + ' ' if env else ''}{result['command']}`", "",
+             "| model | concurrency | ok | embeddings/s | tokens/s | p50 ms | p95 ms | p99 ms | errors |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for label, m in result["models"].items():
+        for lv in m["levels"]:
+            lines.append(f"| {label} | {lv['concurrency']} | {lv['requests_ok']} | {lv['embeddings_per_s']} | "
+                         f"{lv['tokens_per_s']} | {lv['latency_p50_ms']} | {lv['latency_p95_ms']} | {lv['latency_p99_ms']} | {lv['errors']} |")
+    hops = {label: m["hops"] for label, m in result["models"].items() if m.get("hops")}
+    if hops:
+        lines += ["", "Where one request's time goes, concurrency 1 (`--hops`: means in ms over the matched "
+                  "requests; the three parts add up to the client's time; the engine alone: bench_e2e.py "
+                  "offline of the same model):", "",
+                  "| model | requests | client p50 | client | outside the ingress (HTTP, proxy) | ingress own "
+                  "(checks, handle call) | model replica (Serve LLM, vLLM serving, engine) |",
+                  "|---|---|---|---|---|---|---|"]
+        for label, h in hops.items():
+            lines.append(f"| {label} | {h['matched']} | {h['client_ms'].get('p50')} | {h['client_ms'].get('mean')} | "
+                         f"{h['outside_ingress_ms'].get('mean')} | {h['ingress_own_ms'].get('mean')} | "
+                         f"{h['replica_call_ms'].get('mean')} |")
+    return "\n".join(lines) + "\n"
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--config", type=Path, default=REPO / "configs/cpu.yaml")
@@ -385,7 +358,7 @@ def main(argv=None) -> int:
                 _write(args.out / f"{args.name}.json", result)  # what is measured survives a cut-off run
             if args.hops:
                 text = text_for(len(args.concurrency), per_level[0] if per_level else None)
-                entry["hops"] = asyncio.run(hop_profile(label, None, args.hops, text, log, args.metrics_port or 8081))
+                entry["hops"] = asyncio.run(hop_profile(label, None, args.hops, text, log))
                 _write(args.out / f"{args.name}.json", result)
             if args.reconcile and _is_ternary(Path(model)):
                 entry["reconcile"] = reconcile(args.out / f"{args.name}-{label}-reconcile.json", args.reconcile_timeout,
@@ -398,27 +371,8 @@ def main(argv=None) -> int:
                   f"p50 {lv['latency_p50_ms']} p95 {lv['latency_p95_ms']} p99 {lv['latency_p99_ms']} ms errors {lv['errors']}",
                   flush=True)
     _write(args.out / f"{args.name}.json", result)
-    env = " ".join(f"{k}={v}" for k, v in result["env"].items())
-    lines = [f"# Serve load test ({result['machine']})", "", f"`{env + ' ' if env else ''}{result['command']}`", "",
-             "| model | concurrency | ok | embeddings/s | tokens/s | p50 ms | p95 ms | p99 ms | errors |",
-             "|---|---|---|---|---|---|---|---|---|"]
-    for label, m in result["models"].items():
-        for lv in m["levels"]:
-            lines.append(f"| {label} | {lv['concurrency']} | {lv['requests_ok']} | {lv['embeddings_per_s']} | "
-                         f"{lv['tokens_per_s']} | {lv['latency_p50_ms']} | {lv['latency_p95_ms']} | {lv['latency_p99_ms']} | {lv['errors']} |")
-    hops = {label: m["hops"] for label, m in result["models"].items() if m.get("hops")}
-    if hops:
-        lines += ["", "Where one request's time goes, concurrency 1 (`--hops`: means in ms over the matched "
-                  "requests; the four parts add up to the client's time):", "",
-                  "| model | requests | client p50 | client | outside the ingress (HTTP, proxy) | ingress own "
-                  "(checks, handle call) | replica above vLLM's engine | vLLM engine |",
-                  "|---|---|---|---|---|---|---|---|"]
-        for label, h in hops.items():
-            lines.append(f"| {label} | {h['matched']} | {h['client_ms'].get('p50')} | {h['client_ms'].get('mean')} | "
-                         f"{h['outside_ingress_ms'].get('mean')} | {h['ingress_own_ms'].get('mean')} | "
-                         f"{h.get('replica_above_engine_mean_ms')} | {h.get('engine_mean_ms')} |")
-    (args.out / f"{args.name}.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    (args.out / f"{args.name}.md").write_text(markdown(result))
+    print(markdown(result))
     return 0
 
 

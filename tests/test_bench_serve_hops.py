@@ -1,10 +1,10 @@
 """bench_serve --hops reads each request's time at the ingress and at the model replica from the
-access lines `serve run` relays, and vLLM's own latency from Ray's Prometheus page: the parsers,
-on lines as Ray 2.60 writes them (copied from a run on the CPU default)."""
+access lines `serve run` relays: the parser, on lines as Ray 2.60 writes them (copied from a run
+on the CPU default)."""
 
 from __future__ import annotations
 
-from benchmarks.bench_serve import access_times, engine_latency
+from benchmarks.bench_serve import access_times
 
 A, B, C = ("16181e8e-b537-40e1-8762-f742c6a828c7", "5af6465d-9578-42c3-b169-27f532b03c6e",
            "778d32ea-78fb-4558-8fdd-70842b48fc3b")
@@ -22,20 +22,3 @@ def test_access_times_pair_each_request_with_its_ingress_and_replica_lines():
     assert ingress == {A: 301.1}  # B's 503 is no served request; C's ingress line is not in the log yet
     assert replica == {A: 23.3, C: 9.5}  # the health check's CALL line is not an embeddings call
     assert access_times(LOG, {"0e0e0e0e-0000-0000-0000-000000000000"}) == ({}, {})
-
-
-def test_engine_latency_sums_the_models_series_and_ignores_other_models():
-    page = "\n".join([
-        '# HELP ray_vllm:e2e_request_latency_seconds Histogram of e2e request latency in seconds.',
-        'ray_vllm:e2e_request_latency_seconds_bucket{engine="0",le="0.3",model_name="bf16",WorkerId="a"} 10.0',
-        'ray_vllm:e2e_request_latency_seconds_sum{engine="0",model_name="bf16",WorkerId="a"} 0.25',
-        'ray_vllm:e2e_request_latency_seconds_count{engine="0",model_name="bf16",WorkerId="a"} 10.0',
-        # a second engine process of the same model (a restarted engine): its own series
-        'ray_vllm:e2e_request_latency_seconds_sum{engine="0",model_name="bf16",WorkerId="b"} 0.05',
-        'ray_vllm:e2e_request_latency_seconds_count{engine="0",model_name="bf16",WorkerId="b"} 2.0',
-        'ray_vllm:e2e_request_latency_seconds_sum{engine="0",model_name="ternary",WorkerId="c"} 9.0',
-        'ray_vllm:e2e_request_latency_seconds_count{engine="0",model_name="ternary",WorkerId="c"} 90.0',
-    ])
-    total, count = engine_latency(page, "bf16")
-    assert abs(total - 0.30) < 1e-12 and count == 12.0
-    assert engine_latency(page, "bf16-other") is None
