@@ -111,6 +111,8 @@ async def run_level(model_id: str, key: str | None, concurrency: int, requests: 
 # embeddings OK 9.8ms" (Ray 2.57.1 and 2.60).
 ACCESS_LINE = re.compile(r"(?P<rid>[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}) -- "
                          r"(?:(?P<ingress>POST /v1/embeddings 200)|CALL embeddings OK) (?P<ms>[0-9.]+)ms")
+
+
 def access_times(log_text: str, request_ids) -> tuple[dict[str, float], dict[str, float]]:
     """({request id: the ingress's ms}, {request id: the model replica's ms}) for the given ids."""
     ingress, replica = {}, {}
@@ -371,8 +373,9 @@ def main(argv=None) -> int:
                   f"p50 {lv['latency_p50_ms']} p95 {lv['latency_p95_ms']} p99 {lv['latency_p99_ms']} ms errors {lv['errors']}",
                   flush=True)
     _write(args.out / f"{args.name}.json", result)
-    (args.out / f"{args.name}.md").write_text(markdown(result))
-    print(markdown(result))
+    md = markdown(result)
+    (args.out / f"{args.name}.md").write_text(md)
+    print(md)
     return 0
 
 

@@ -209,7 +209,7 @@ async def send(client: httpx.AsyncClient, tally: Tally, i: int, malformed_every:
 
 async def phase_kill(tally: Tally, requests: int, concurrency: int, kind: str, log: Path) -> dict:
     """`requests` requests at `concurrency`, and more good ones at the same concurrency until the
-    killed replica is replaced (so that autoscaling keeps wanting 2 replicas meanwhile)."""
+    killed replica serves again (so that autoscaling keeps wanting 2 replicas meanwhile)."""
     kill: dict = {}
     recovered = asyncio.Event()
     limits = httpx.Limits(max_connections=concurrency + 8, max_keepalive_connections=concurrency + 8)

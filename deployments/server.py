@@ -70,10 +70,13 @@ class TernaryLLMServer(LLMServer):
     restart runs (it is bounded by ENGINE_RESTART_TIMEOUT_S). Replacing the replica instead cost
     a Ray worker's start and imports on top of the engine's (benchmarks/results/reliability-cpu.md)."""
 
+    _restart_task: asyncio.Task | None = None  # the engine's last restart (running: requests wait for it)
+    _last_restart: float | None = None  # time.monotonic() when the last restart succeeded
+    _leaving = False  # the replica exits soon (_leave_soon)
+    _asgi_bound = False  # direct ingress built vLLM's app on this engine
+
     async def start(self):
         await super().start()
-        self._engine_up = asyncio.Event()
-        self._engine_up.set()
         self._watcher = asyncio.get_running_loop().create_task(self._watch_engine())
 
     async def __serve_build_asgi_app__(self):
@@ -119,43 +122,35 @@ class TernaryLLMServer(LLMServer):
         return self._restarting() or self._engine_dead()
 
     def _restarting(self) -> bool:
-        task = getattr(self, "_restart_task", None)
-        return task is not None and not task.done()
+        return self._restart_task is not None and not self._restart_task.done()
 
     async def _engine_available(self) -> bool:
         """Whether the engine is up, after waiting for a restart in progress (bounded by the
-        restart's own bound); False when the replica is leaving."""
-        if getattr(self, "_leaving", False):
-            return False
-        up = getattr(self, "_engine_up", None)
-        if up is not None and not up.is_set():
-            try:
-                await asyncio.wait_for(up.wait(), ENGINE_RESTART_TIMEOUT_S + 5)
-            except asyncio.TimeoutError:
+        restart's own bound); False when the replica is leaving (a restart that failed too)."""
+        if self._restarting():
+            done, _ = await asyncio.wait({self._restart_task}, timeout=ENGINE_RESTART_TIMEOUT_S + 5)
+            if not done:
                 return False
-        return not getattr(self, "_leaving", False)
+        return not self._leaving
 
     async def _watch_engine(self) -> None:
         """Restart an engine that died while no request was on it (a request or a health check
         finds out too; whichever is first starts the one restart)."""
-        while not getattr(self, "_leaving", False):
+        while not self._leaving:
             await asyncio.sleep(ENGINE_WATCH_PERIOD_S)
             if not self._restarting() and self._engine_dead():
                 self._on_engine_death()
 
     def _on_engine_death(self) -> None:
         """Start the one restart of a dead engine, or leave when a restart cannot help."""
-        if self._restarting() or getattr(self, "_leaving", False):
+        if self._restarting() or self._leaving:
             return
-        last = getattr(self, "_last_restart", None)
-        if getattr(self, "_asgi_bound", False):
+        last = self._last_restart
+        if self._asgi_bound:
             why = "direct ingress serves the dead engine's app"
         elif last is not None and time.monotonic() - last < RESTART_MIN_INTERVAL_S:
             why = f"it died again {time.monotonic() - last:.0f} s after its last restart"
         else:
-            if getattr(self, "_engine_up", None) is None:
-                self._engine_up = asyncio.Event()
-            self._engine_up.clear()
             self._restart_task = asyncio.get_running_loop().create_task(self._restart_engine())
             return
         logger.error("ternary-serve: the vLLM engine of this replica died and %s; the replica exits so "
@@ -176,12 +171,10 @@ class TernaryLLMServer(LLMServer):
         except Exception as exc:  # any failure to start: a fresh replica is the next thing to try
             logger.error("ternary-serve: the engine restart failed after %.1f s (%s: %s); the replica exits so "
                          "that Serve replaces it", time.monotonic() - t0, type(exc).__name__, exc)
-            self._leave_soon()
-            self._engine_up.set()  # waiting requests go on (to their 503)
+            self._leave_soon()  # before the task ends: the requests waiting for it get their 503
             return
         self._last_restart = time.monotonic()
         logger.warning("ternary-serve: engine restarted in this replica in %.1f s", self._last_restart - t0)
-        self._engine_up.set()
 
     @staticmethod
     def _stop_client(client) -> None:
@@ -196,7 +189,7 @@ class TernaryLLMServer(LLMServer):
         health check (within health_check_period_s), and routers stop sending it requests at their
         first failed call. A broken replica that stayed waited for 3 failed health checks (25 s
         in the first reliability run) and answered every request routed to it with a fast 503."""
-        if getattr(self, "_leaving", False):
+        if self._leaving:
             return
         self._leaving = True
         asyncio.get_running_loop().call_later(EXIT_AFTER_ENGINE_DEATH_S, self._exit)

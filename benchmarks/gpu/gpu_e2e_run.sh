@@ -311,8 +311,7 @@ stage_serve_tp2() {
 
 # Where the serving layer's time goes at concurrency 1 (issue #22's overhead target): a random
 # Qwen3-Embedding-0.6B-shaped bf16 model through configs/tp1.yaml, bench_serve --hops (each
-# request's time split by the ingress's and the replica's access lines and vLLM's own latency
-# metric), then the same model offline (vLLM's LLM, its default executor), whose c1 p50 is the
+# request's time split by the ingress's and the replica's access lines), then the same model offline (vLLM's LLM, its default executor), whose c1 p50 is the
 # engine alone. The serving layer is the same for every variant, so the bf16 model serves: no
 # ternary layer runs and the package is installed without building its kernels (~10 s, not ~150)
 stage_serve_hops() {
