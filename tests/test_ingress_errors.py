@@ -149,3 +149,43 @@ def test_closed_by_default(monkeypatch, host, key, opt_out, ok):
     monkeypatch.setenv("TERNARY_API_KEY", "from-env")
     cfg.check_exposure(host)  # the key from the environment opens every host
     assert "from-env" not in repr(cfg) and (key is None or key not in repr(cfg))
+
+
+async def _asgi_post(app, parts: list[bytes]):
+    """POST /v1/embeddings straight into the ASGI app, the body in the given parts and no
+    Content-Length (a chunked upload); (status, JSON body, parts the app read)."""
+    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST", "scheme": "http",
+             "path": "/v1/embeddings", "raw_path": b"/v1/embeddings", "query_string": b"", "root_path": "",
+             "headers": [(b"content-type", b"application/json"), (b"authorization", f"Bearer {KEY}".encode())],
+             "client": ("127.0.0.1", 1), "server": ("127.0.0.1", 8000)}
+    read, sent = 0, []
+
+    async def receive():
+        nonlocal read
+        if read < len(parts):
+            read += 1
+            return {"type": "http.request", "body": parts[read - 1], "more_body": read < len(parts)}
+        return {"type": "http.disconnect"}
+
+    async def send(message):
+        sent.append(message)
+
+    await app(scope, receive, send)
+    body = b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
+    return sent[0]["status"], json.loads(body), read
+
+
+def test_chunked_upload_is_bounded_while_read_and_a_small_one_reaches_the_handler():
+    """A body without Content-Length is counted as it is read: over the limit it is refused with
+    413 before the rest is read; under it, the handler gets the whole body, parts joined."""
+    import asyncio
+
+    app = _client().app
+    big = json.dumps({"model": "m", "input": ["w" * 40000]}).encode()
+    parts = [big[i:i + 1000] for i in range(0, len(big), 1000)]
+    status, body, read = asyncio.run(_asgi_post(app, parts))
+    assert status == 413 and read == 33 < len(parts), (status, read)  # 33 parts: the first past 32768 bytes
+    assert body["error"]["message"] == "request body of more than 33000 bytes is larger than the limit of 32768 bytes"
+    small = json.dumps({"model": "m", "input": ["a" * 1500, "b"]}).encode()
+    status, body, read = asyncio.run(_asgi_post(app, [small[:700], small[700:1400], small[1400:]]))
+    assert (status, body, read) == (200, {"data": ["a" * 1500, "b"]}, 3)

@@ -103,11 +103,13 @@ def test_bench_serve_records_the_cluster_settings_ternary_serve_prints(tmp_path,
     from deployments.local import settings_line
     from ternary_plugin import envs
 
-    for name in ("RAY_SERVE_THROUGHPUT_OPTIMIZED", "RAY_SERVE_ENABLE_DIRECT_INGRESS", "RAY_SERVE_LOG_TO_STDERR"):
+    for name in ("RAY_SERVE_THROUGHPUT_OPTIMIZED", "RAY_SERVE_ENABLE_DIRECT_INGRESS", "RAY_SERVE_ENABLE_HA_PROXY",
+                 "RAY_SERVE_LOG_TO_STDERR"):
         monkeypatch.delenv(name, raising=False)
     log = tmp_path / "serve.log"
     log.write_text(f"port check\n{settings_line(envs.cluster_env())}\nstarted\n")
     assert cluster_settings(log) == ("RAY_SERVE_THROUGHPUT_OPTIMIZED=1 RAY_SERVE_ENABLE_DIRECT_INGRESS=0 "
+                                     "RAY_SERVE_ENABLE_HA_PROXY=0 "
                                      "RAY_SERVE_LOG_TO_STDERR=1")
     assert cluster_settings(tmp_path / "missing.log") is None
 

