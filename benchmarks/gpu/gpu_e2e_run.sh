@@ -27,6 +27,8 @@
 #   bash benchmarks/gpu/gpu_e2e_run.sh e2e8b_profile   # after them: torch.profiler of c1 / c16 per engine
 #   bash benchmarks/gpu/gpu_e2e_run.sh distill06b      # the distillation's time and memory at 0.6B size
 #   bash benchmarks/gpu/gpu_e2e_run.sh serve_hops      # where the Serve path's time goes at c1 (no setup needed)
+#                                                   # (HOPS_NAME, HOPS_ARGS, HOPS_OFFLINE=0: the result name, more
+#                                                   #  bench_serve arguments, no offline engine run)
 #   bash benchmarks/gpu/gpu_e2e_run.sh e2e8b_w2a8_depth  # where W2A8's embedding error comes from (8B)
 #   (E2E8B_BUDGET=seconds bounds each of the two, default 550; lower it by setup's time when the same
 #    call runs setup first. E2E8B_SHAPE=tiny: the 2-layer stand-in, a quick check of the stage itself)
@@ -324,7 +326,7 @@ stage_serve_hops() {
   [ -e "$model/config.json" ] || python3 -c "import sys, torch; from pathlib import Path; \
 from ternary_plugin.synthetic import QWEN3_EMBEDDING_0_6B, make_qwen3; \
 make_qwen3(Path(sys.argv[1]), dtype=torch.bfloat16, **QWEN3_EMBEDDING_0_6B)" "$model" || return 1
-  serve_bench configs/tp1.yaml serve-hops-h200 "bf16=$model" --concurrency 1 16 --hops "${HOPS_N:-300}" ${HOPS_ARGS:-}
+  serve_bench configs/tp1.yaml "${HOPS_NAME:-serve-hops-h200}" "bf16=$model" --concurrency 1 16 --hops "${HOPS_N:-300}" ${HOPS_ARGS:-}
   [ "${HOPS_OFFLINE:-1}" = 1 ] && offline_run "$model" hops-bf16 --quick
   grep -h '"p50"' "$OUT"/offline-hops-bf16.json 2>/dev/null
 }
