@@ -52,6 +52,17 @@ def ingress_base():
     return OpenAiIngress, init, EmbeddingRequest
 
 
+def ingress_call_parts():
+    """(router_request_timeout, DEFAULT_LLM_ROUTER_HTTP_TIMEOUT, ErrorResponse, OpenAIHTTPException):
+    what Ray Serve LLM's ``OpenAiIngress.embeddings`` wraps its call to the model's replicas in and
+    turns an engine's error into; ``core.ingress.ingress`` in both versions, where that method is
+    the same. ``TernaryIngress`` repeats the method to encode the response faster."""
+    from ray.llm._internal.serve.core.ingress import ingress
+
+    return (ingress.router_request_timeout, ingress.DEFAULT_LLM_ROUTER_HTTP_TIMEOUT, ingress.ErrorResponse,
+            ingress.OpenAIHTTPException)
+
+
 def engine_client(server):
     """The vLLM engine client (``AsyncLLM``) inside a running ``LLMServer``: Ray Serve LLM keeps it
     as ``server.engine._engine_client`` (VLLMEngine) in both versions; None until the engine started.

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 
 pytest.importorskip("ray.serve.llm")
 
@@ -18,7 +19,7 @@ from pydantic import BaseModel  # noqa: E402
 from ray.exceptions import ActorUnavailableError  # noqa: E402
 from ray.serve.exceptions import BackPressureError  # noqa: E402
 
-from deployments.ingress import OpenAiIngress, TernaryIngress, build_fastapi_app, client_message  # noqa: E402
+from deployments.ingress import TernaryIngress, build_fastapi_app, client_message  # noqa: E402
 
 KEY = "k-123"
 
@@ -89,18 +90,15 @@ def test_503_says_when_to_retry():
     assert _error(r, 503)["type"] == "server_error" and r.headers["retry-after"] == "1"
 
 
-class _QueueFull(OpenAiIngress):
-    """Ray Serve LLM's ingress whose call to the model's replicas meets a full queue (the router
-    raises BackPressureError in the ingress's process) or a replica that died."""
+class _Shaped(TernaryIngress):
+    """The ingress whose call to the model's replicas meets a full queue (the router raises
+    BackPressureError in the ingress's process) or a replica that died."""
 
     failure: Exception
 
-    async def embeddings(self, body, request):
+    async def _get_response(self, **kwargs):  # an async generator, as Ray Serve LLM's: fails on first use
         raise self.failure
-
-
-class _Shaped(TernaryIngress, _QueueFull):  # TernaryIngress's super() is _QueueFull
-    pass
+        yield
 
 
 @pytest.mark.parametrize("failure,words", [
@@ -189,3 +187,55 @@ def test_chunked_upload_is_bounded_while_read_and_a_small_one_reaches_the_handle
     small = json.dumps({"model": "m", "input": ["a" * 1500, "b"]}).encode()
     status, body, read = asyncio.run(_asgi_post(app, [small[:700], small[700:1400], small[1400:]]))
     assert (status, body, read) == (200, {"data": ["a" * 1500, "b"]}, 3)
+
+
+class _Answers(TernaryIngress):
+    """The ingress whose model replica answers with ``result`` (an EmbeddingResponse or an
+    engine's ErrorResponse)."""
+
+    result: object
+
+    async def _get_response(self, **kwargs):
+        assert kwargs["call_method"] == "embeddings"
+        yield self.result
+
+
+def _answered(result):
+    from deployments.ingress import EmbeddingRequest
+
+    ingress = _Answers.__new__(_Answers)
+    ingress.result = result
+    app = build_fastapi_app(api_key=KEY, max_body_bytes=1 << 20, max_inputs=4)
+
+    @app.post("/v1/embeddings")
+    async def embeddings(body: EmbeddingRequest, request: Request):
+        return await ingress.embeddings(body, request)
+
+    return _post(TestClient(app), body={"model": "m", "input": ["a"]})
+
+
+def test_embeddings_encoded_by_pydantic_core_carry_the_same_floats():
+    """The response is encoded with model_dump_json instead of Ray Serve LLM's model_dump + JSONResponse:
+    the same JSON values, every float exact (both write the shortest repr that round-trips)."""
+    from ray.llm._internal.serve.core.configs.openai_api_models import EmbeddingResponse
+
+    g = torch.Generator().manual_seed(0)
+    data = [{"index": i, "object": "embedding", "embedding": (torch.randn(1024, generator=g, dtype=torch.float64)
+                                                               * 10.0 ** torch.randint(-8, 8, (1024,), generator=g)).tolist()}
+            for i in range(3)]
+    result = EmbeddingResponse(id="e-1", created=1, model="m", data=data,
+                               usage={"prompt_tokens": 5, "total_tokens": 5})
+    r = _answered(result)
+    assert r.status_code == 200 and r.headers["content-type"] == "application/json", r.text
+    assert r.json() == json.loads(JSONResponse(content=result.model_dump()).body)
+    assert [d["embedding"] for d in r.json()["data"]] == [d["embedding"] for d in data]
+
+
+def test_an_engines_error_answer_keeps_its_status_in_the_one_shape():
+    from deployments import compat
+
+    error_response = compat.ingress_call_parts()[2]
+    result = error_response(error={"message": "dimensions is not supported by this model", "type": "BadRequestError",
+                                   "code": 400})
+    err = _error(_answered(result), 400)
+    assert err["message"] == "dimensions is not supported by this model" and err["type"] == "invalid_request_error", err
