@@ -24,6 +24,7 @@ from deployments import compat
 compat.bind_replica_grpc_to_node_ip()  # loopback means loopback (see compat)
 
 OpenAiIngress, init, EmbeddingRequest = compat.ingress_base()
+_call_timeout, _CALL_TIMEOUT_S, ErrorResponse, OpenAIHTTPException = compat.ingress_call_parts()
 
 RETRY_AFTER_S = "1"
 # OpenAI's error kinds by status; every error the ingress sends carries one of them.
@@ -247,11 +248,10 @@ class TernaryIngress(OpenAiIngress):
         its ``JSONResponse(content=result.model_dump())`` took 1.4 ms for one 1024-float embedding
         and 69 ms for 256 of 384 floats on the 2-core EPYC, ``model_dump_json`` 0.3 and 8.9 ms
         (the same floats; docs/operations.md)."""
-        timeout, bound, error_response, http_exception = compat.ingress_call_parts()
-        async with timeout(bound):
+        async with _call_timeout(_CALL_TIMEOUT_S):
             result = await self._get_response(body=body, call_method="embeddings", raw_request=request).__anext__()
-        if isinstance(result, error_response):
-            raise http_exception(message=result.error.message, status_code=result.error.code, type=result.error.type)
+        if isinstance(result, ErrorResponse):
+            raise OpenAIHTTPException(message=result.error.message, status_code=result.error.code, type=result.error.type)
         return Response(result.model_dump_json(), media_type="application/json")
 
     async def health(self) -> JSONResponse:

