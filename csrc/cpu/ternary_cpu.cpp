@@ -42,17 +42,18 @@ namespace ternary_cpu {
 namespace {
 
 // Largest M of the small-M kernel, measured on the 2-core AMD EPYC (Zen 4, avx512_bf16, no AMX;
-// shared with other work, 1 thread, times in ms, small-M kernel / tile + GEMM, both forced with
+// quiet, 1 thread, warm weights, times in ms, small-M kernel / tile + GEMM, both forced with
 // TERNARY_CPU_SMALL_M_MAX):
-//   bf16 x  Qwen3-0.6B gate_up (K 1024, N 6144): M 8 1.53 / 2.51, M 16 3.04 / 3.52, M 32 5.47 / 4.31
-//           down (K 3072, N 1024): M 16 1.16 / 1.61, M 32 2.25 / 1.66; MiniLM up (384, 1536):
-//           M 16 0.32 / 0.33, M 32 0.62 / 0.42; o (384, 384): M 16 0.082 / 0.068
+//   bf16 x  Qwen3-0.6B gate_up (K 1024, N 6144): M 16 1.61 / 1.83, M 24 2.12 / 2.32, M 32 2.74 / 2.83,
+//           M 48 4.11 / 3.66; down (K 3072, N 1024): M 24 1.04 / 1.14, M 32 1.32 / 1.37, M 48 1.90 / 1.81;
+//           MiniLM qkv (384, 1152): M 16 0.140 / 0.141, M 24 0.195 / 0.173; o (384, 384): M 24
+//           0.072 / 0.076, M 32 0.089 / 0.086
 //   fp32 x  gate_up: M 32 5.90 / 8.11, M 64 13.2 / 13.2; down: M 32 3.52 / 3.60, M 64 6.53 / 8.54;
-//           MiniLM up: M 32 0.59 / 0.67, M 64 1.31 / 1.12; o: M 32 0.18 / 0.13
-// bf16 loses past 16 (the GEMM runs near the dpbf16 peak, the fused kernel pays its per-block
-// scale-and-add), fp32 past 32 (MKL's fp32 GEMM is further from its peak). TERNARY_CPU_SMALL_M_MAX
-// (read once per process) overrides both.
-constexpr int64_t kSmallMMaxBf16 = 16;
+//           MiniLM up: M 32 0.59 / 0.67, M 64 1.31 / 1.12; o: M 32 0.18 / 0.13 (shared machine)
+// bf16: the Qwen3 shapes cross over at 32-48, MiniLM's (short K: more per-tile work a row) at 16-32;
+// 24 sits between. fp32 loses past 32 (MKL's fp32 GEMM is further from its peak).
+// TERNARY_CPU_SMALL_M_MAX (read once per process) overrides both.
+constexpr int64_t kSmallMMaxBf16 = 24;
 constexpr int64_t kSmallMMaxF32 = 32;
 // The large-M tile's dequantized bytes a thread: about one L2 (1 MB a core on Zen 4), its rows
 // a multiple of 64 (oneDNN's N blocking). Against 512 KB in multiples of 16 rows: even to 5 %

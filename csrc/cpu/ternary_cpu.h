@@ -16,6 +16,12 @@ namespace ternary_cpu {
 constexpr int64_t kRows = 4;     // W rows a small-M task decodes once and runs every x row over
 constexpr int64_t kChunk = 32;   // weights a decode covers: 8 packed bytes
 constexpr int64_t kPiece = 1024; // weights of K a small-M task decodes before running x over them
+// bf16 x, small M: up to kExactMaxBf16 rows of x multiply the codes and apply each block's fp32
+// scale to the block's fp32 sum (the reference's numerics); more rows multiply W decoded once per
+// piece with its scales in bf16 (value * scale rounded, as the large-M tile), kScaledRows x rows
+// at a time (24 accumulators of 4 W rows x 6 x rows, no per-block sums: twice the register tile).
+constexpr int64_t kExactMaxBf16 = 2;
+constexpr int64_t kScaledRows = 6;
 
 // A run of local columns inside one scale block and one piece: chunks [c0, c1), the first and
 // last masked to the segment's lanes (bit i: column 32c + i belongs to it). Chunks cut by a
