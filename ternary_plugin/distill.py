@@ -314,8 +314,7 @@ class TernaryWeight(torch.nn.Module):
         self.block_size = block_size
 
     def forward(self, latent: torch.Tensor) -> torch.Tensor:
-        packed, scale = fmt.quantize_ternary(latent.detach(), self.block_size)
-        w = fmt.dequantize_ternary(packed, scale, latent.shape[1], self.block_size, dtype=latent.dtype)
+        w = fmt.fake_quantize_ternary(latent.detach(), self.block_size).to(latent.dtype)
         return _StraightThrough.apply(latent, w)
 
 

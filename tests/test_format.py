@@ -87,6 +87,18 @@ def test_quantize_is_absmean_per_block(k, block):
     assert torch.equal(fmt.unpack_ternary(packed, k), q)
 
 
+@pytest.mark.parametrize("n,k,block", [(5, 1, 128), (3, 3, 4), (7, 130, 128), (4, 1003, 128), (9, 257, 32)])
+def test_fake_quantize_is_dequantize_of_quantize(n, k, block):
+    """What distillation trains with (fake_quantize_ternary) is what the converter packs: the
+    same float32 values as dequantize(quantize(w)), partial blocks included."""
+    torch.manual_seed(n * 1000 + k)
+    w = torch.randn(n, k) * 0.05
+    packed, scale = fmt.quantize_ternary(w, block)
+    fake = fmt.fake_quantize_ternary(w, block)
+    assert fake.shape == (n, k) and fake.dtype == torch.float32 and fake.is_contiguous()
+    assert torch.equal(fake, fmt.dequantize_ternary(packed, scale, k, block))
+
+
 def test_quantize_all_zero_block_gets_positive_scale():
     w = torch.zeros(2, 130)
     w[:, 128:] = 1.0
