@@ -25,7 +25,8 @@
 //             the large-M tile has it (decode_piece_scaled: wbuf [4, chunks, 32], 8 KB, L1), then
 //             kScaledRows = 6 x rows at a time: sum[4][6] += vdpbf16ps(x, w), 24 accumulators
 //             and no per-block sums. Against the exact path's 2 rows a group (wbuf of codes,
-//             acc and sum): Qwen3-0.6B gate_up M 16 1.6-1.8x faster (docs/kernel.md).
+//             acc and sum): Qwen3-0.6B gate_up M 16 2.03 -> 1.61 ms, M 32 4.11 -> 2.74 ms (1
+//             thread, warm weights; docs/kernel.md).
 //   fp32 x, 4 rows a group: sum[4][4] += x * (+-scale) with vfmadd (fp16 scale * +-1 is exact
 //             in fp32); the first group decodes the piece and, where more groups follow, keeps it
 //             in wbuf ([4, entries, 32], 16 KB: L1) for the others.
