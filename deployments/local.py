@@ -116,6 +116,11 @@ def haproxy_env(temp_dir: Path) -> dict[str, str]:
     return {HAPROXY_CONFIG: os.environ.get(HAPROXY_CONFIG, str(temp_dir / "haproxy" / "haproxy.cfg"))}
 
 
+def haproxy_match(cluster_env: dict[str, str]) -> str:
+    """What HAProxy's command line holds for this cluster: the directory of its config file."""
+    return os.path.dirname(cluster_env[HAPROXY_CONFIG]) + "/"
+
+
 def settings_line(cluster_env: dict[str, str]) -> str:
     return SETTINGS_PREFIX + " ".join(f"{k}={v}" for k, v in cluster_env.items())
 
@@ -217,7 +222,7 @@ class LocalCluster:
         time.sleep(2)
         patterns = [f"{self.opts.node_temp_dir(i)}/session" for i in range(self.opts.worker_nodes, -1, -1)]
         if HAPROXY_CONFIG in self.cluster_env:
-            patterns.append(os.path.dirname(self.cluster_env[HAPROXY_CONFIG]) + "/")
+            patterns.append(haproxy_match(self.cluster_env))
         for sig in ("-TERM", "-KILL"):
             for pattern in patterns:
                 subprocess.run(["pkill", sig, "-f", "--", pattern], capture_output=True)

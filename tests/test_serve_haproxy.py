@@ -10,11 +10,12 @@ from __future__ import annotations
 import contextlib
 import ipaddress
 from pathlib import Path
+from types import SimpleNamespace
 
 import httpx
 import pytest
 
-from deployments.local import port_busy
+from deployments.local import haproxy_env, haproxy_match, port_busy
 from tests.serve_helpers import BASE, KEY, MODEL, PORT, RAY_TMP, RUNNING, listening_sockets, post, serving
 
 pytest.importorskip("ray.serve.llm")
@@ -26,23 +27,15 @@ HAPROXY_STATS_PORT, HAPROXY_METRICS_PORT = 8404, 9101  # Ray's defaults (RAY_SER
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    """The serve log; ``server.stop()`` ends the cluster early (the module's last test does)."""
+    """``server.log``: the serve log; ``server.stop()`` ends the cluster early (the module's last test does)."""
     log_dir = tmp_path_factory.mktemp("serve-haproxy")
     with contextlib.ExitStack() as stack:
         stack.enter_context(serving("configs/cpu.yaml", log_dir, env_extra={"RAY_SERVE_ENABLE_HA_PROXY": "1"}))
-        yield Served(log_dir / "serve.log", stack.close)
-
-
-class Served:
-    def __init__(self, log: Path, stop):
-        self.log, self.stop = log, stop
-
-    def read_text(self, **kw) -> str:
-        return self.log.read_text(**kw)
+        yield SimpleNamespace(log=log_dir / "serve.log", stop=stack.close)
 
 
 def test_served_through_haproxy_with_the_ingress_checks(server):
-    log = server.read_text(errors="replace")
+    log = server.log.read_text(errors="replace")
     assert "ternary-serve cluster settings:" in log and "RAY_SERVE_ENABLE_HA_PROXY=1" in log
     r = post({"model": MODEL, "input": ["The quick brown fox.", "What is the capital of France?"]})
     assert r.status_code == 200, r.text
@@ -72,14 +65,15 @@ def test_stopping_the_cluster_stops_haproxy(server):
 
 
 def _haproxy_pids() -> list[int]:
-    """HAProxy processes whose config lies under this cluster's temp dir (deployments/local.py)."""
+    """HAProxy processes whose config lies where `ternary-serve serve` puts this cluster's."""
+    config_dir = haproxy_match(haproxy_env(Path(RAY_TMP))).encode()
     pids = []
     for proc in Path("/proc").iterdir():
         try:
             cmd = (proc / "cmdline").read_bytes().split(b"\0") if proc.name.isdigit() else []
         except OSError:
             continue
-        if cmd and cmd[0].endswith(b"haproxy") and any(a.startswith(f"{RAY_TMP}/haproxy/".encode()) for a in cmd):
+        if cmd and cmd[0].endswith(b"haproxy") and any(a.startswith(config_dir) for a in cmd):
             pids.append(int(proc.name))
     return pids
 
