@@ -17,8 +17,9 @@ words at random for every request (vLLM caches prefixes for last-token pooling m
 text sent again would compute its last token only); --reconcile runs `ternary-serve reconcile`
 against each ternary deployment while it is up and records its exit code. --activation-dtype sets
 the application's activation_dtype (int8: W2A8). --hops N adds a per-hop timing of N sequential
-requests (see hop_profile). The JSON is rewritten after every level, so a run
-cut off keeps the levels it finished; SIGTERM stops the cluster it started. --http-port and
+requests (see hop_profile). Every level records the CPU time each role of process (proxy, ingress
+replicas, model replica, engine, this client) spent per answered request. The JSON is rewritten
+after every level, so a run cut off keeps the levels it finished; SIGTERM stops the cluster it started. --http-port and
 --ray-port (and --dashboard-port, --metrics-port) move the cluster off 8000 / 6390 (a check beside
 other users' clusters).
 """
@@ -104,6 +105,49 @@ async def run_level(model_id: str, key: str | None, concurrency: int, requests: 
         "latency_p99_ms": round(1000 * percentile(latencies, 99), 2) if ok else None,
         "latency_mean_ms": round(1000 * statistics.mean(latencies), 2) if ok else None,
     }
+
+
+# Whose CPU a request costs: the processes of the serving path by role (command-line patterns of Ray
+# 2.57.1 / 2.60 and vLLM 0.25.1 / 0.32). A process that exists once (Serve's proxy on a node, the model
+# replica's event loop) and spends C ms of CPU a request caps the path near 1000 / C requests/s.
+ROLES = (("proxy", ("ray::ProxyActor", "haproxy")), ("ingress", ("TernaryIngress",)),
+         ("model replica", ("TernaryLLMServer", "LLMServer")), ("engine core", ("EngineCore",)),
+         ("engine workers", ("VLLM::Worker", "RayWorkerWrapper", "VllmWorker")),
+         ("Serve controller", ("ray::ServeController",)))
+
+
+def cpu_snapshot() -> dict[int, tuple[str, float]]:
+    """pid -> (role, user + system CPU seconds) of every process whose role is known, and this one's."""
+    try:
+        import psutil
+    except ImportError:  # the GPU machine's payload: Ray ships it (ray/thirdparty_files, on the path once imported)
+        import ray  # noqa: F401
+        import psutil
+
+    out = {}
+    for proc in psutil.process_iter():
+        try:
+            cmd = " ".join(proc.cmdline())[:200]
+            role = "client" if proc.pid == os.getpid() else next(
+                (r for r, marks in ROLES if any(m in cmd for m in marks)), None)
+            if role:
+                t = proc.cpu_times()
+                out[proc.pid] = (role, t.user + t.system)
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            continue
+    return out
+
+
+def cpu_per_request(before: dict, after: dict, answered: int) -> dict:
+    """{role: {"ms": CPU ms a request over the role's processes, "max_process_ms": its busiest one's,
+    "processes": how many}} between two snapshots."""
+    roles: dict[str, list[float]] = {}
+    for pid, (role, t1) in after.items():
+        spent = t1 - before.get(pid, (role, 0.0))[1]
+        if spent > 0:
+            roles.setdefault(role, []).append(1000 * spent / max(answered, 1))
+    return {r: {"ms": round(sum(v), 2), "max_process_ms": round(max(v), 2), "processes": len(v)}
+            for r, v in sorted(roles.items(), key=lambda kv: -sum(kv[1]))}
 
 
 # The access lines the replicas write (`serve run`'s output, RAY_SERVE_LOG_TO_STDERR=1), by request id:
@@ -270,6 +314,19 @@ def markdown(result: dict) -> str:
         for lv in m["levels"]:
             lines.append(f"| {label} | {lv['concurrency']} | {lv['requests_ok']} | {lv['embeddings_per_s']} | "
                          f"{lv['tokens_per_s']} | {lv['latency_p50_ms']} | {lv['latency_p95_ms']} | {lv['latency_p99_ms']} | {lv['errors']} |")
+    cost = [(label, lv) for label, m in result["models"].items() for lv in m["levels"] if lv.get("cpu_ms_per_request")]
+    if cost:
+        roles = list(dict.fromkeys(r for _, lv in cost for r in lv["cpu_ms_per_request"]))
+        lines += ["", "CPU time per answered request, ms, by process role (all of the role's processes; in brackets "
+                  "the busiest one's where there are several: a single process at C ms caps the path near 1000 / C "
+                  "requests/s):", "", "| model | concurrency | " + " | ".join(roles) + " |",
+                  "|---|---|" + "---|" * len(roles)]
+        for label, lv in cost:
+            cells = []
+            for r in roles:
+                c = lv["cpu_ms_per_request"].get(r)
+                cells.append("-" if c is None else f"{c['ms']}" + (f" ({c['max_process_ms']})" if c["processes"] > 1 else ""))
+            lines.append(f"| {label} | {lv['concurrency']} | " + " | ".join(cells) + " |")
     hops = {label: m["hops"] for label, m in result["models"].items() if m.get("hops")}
     if hops:
         lines += ["", "Where one request's time goes, concurrency 1 (`--hops`: means in ms over the matched "
@@ -355,8 +412,11 @@ def main(argv=None) -> int:
             asyncio.run(run_level(label, None, 4, 64, 60, args.inputs_per_request, warm))  # warm-up
             for i, c in enumerate(args.concurrency):
                 text = text_for(i, per_level[i] if per_level else None)
-                entry["levels"].append(asyncio.run(run_level(label, None, c, args.requests, args.max_seconds,
-                                                             args.inputs_per_request, text)))
+                before = cpu_snapshot()
+                level = asyncio.run(run_level(label, None, c, args.requests, args.max_seconds, args.inputs_per_request,
+                                              text))
+                level["cpu_ms_per_request"] = cpu_per_request(before, cpu_snapshot(), level["requests_ok"])
+                entry["levels"].append(level)
                 _write(args.out / f"{args.name}.json", result)  # what is measured survives a cut-off run
             if args.hops:
                 text = text_for(len(args.concurrency), per_level[0] if per_level else None)

@@ -63,6 +63,41 @@ def ingress_call_parts():
             ingress.OpenAIHTTPException)
 
 
+def embedding_body_engine(base: type, wrap) -> type:
+    """A subclass of Ray Serve LLM's ``VLLMEngine`` (``base``) whose ``embeddings`` yields vLLM's
+    encoded response as it is, ``wrap(body, media_type)``. Ray Serve LLM's own method parses that
+    body back (``json.loads``, then ``EmbeddingResponse(**content)``: pydantic over every float),
+    the replica pickles the model to the ingress, and the ingress encodes it again. The method below
+    is ``VLLMEngine.embeddings`` of both versions (``engines/vllm/vllm_engine.py``) less those
+    steps; the errors it turns into an ``ErrorResponse`` are ``ValueError`` (2.57.1) and also
+    vLLM's ``VLLMClientError`` where the module imports it (2.60)."""
+    from ray.llm._internal.serve.engines.vllm import vllm_engine as m
+
+    client_errors = (ValueError, *([m.VLLMClientError] if hasattr(m, "VLLMClientError") else []))
+
+    class EmbeddingBodyEngine(base):
+        async def embeddings(self, request, raw_request_info=None):
+            if error := self._validate_openai_serving_embedding():
+                yield error
+                return
+            raw_request_info = m._canonicalize_request_id_header(request, raw_request_info)
+            raw_request = m.RawRequestInfo.to_starlette_request_optional(raw_request_info)
+            try:
+                response = await self._oai_serving_embedding(request, raw_request=raw_request)
+            except client_errors as e:
+                yield self._make_error_response(self._oai_serving_embedding, e)
+                return
+            body = getattr(response, "body", None)
+            if body is None:  # encoding_format "bytes": a streamed binary response, which one handle call cannot carry
+                yield error_response(f"encoding_format {request.encoding_format!r} is not served here: use 'float' "
+                                     "or 'base64'", 400, "BadRequestError")
+                return
+            yield wrap(bytes(body), response.media_type)
+
+    EmbeddingBodyEngine.__name__ = EmbeddingBodyEngine.__qualname__ = f"EmbeddingBody{base.__name__}"
+    return EmbeddingBodyEngine
+
+
 def engine_client(server):
     """The vLLM engine client (``AsyncLLM``) inside a running ``LLMServer``: Ray Serve LLM keeps it
     as ``server.engine._engine_client`` (VLLMEngine) in both versions; None until the engine started.

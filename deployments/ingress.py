@@ -20,6 +20,7 @@ from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from deployments import compat
+from deployments.server import EmbeddingJSON
 
 compat.bind_replica_grpc_to_node_ip()  # loopback means loopback (see compat)
 
@@ -244,14 +245,17 @@ class TernaryIngress(OpenAiIngress):
             return openai_error(503, "the replica serving this request went away; retry shortly")
 
     async def _embeddings(self, body: EmbeddingRequest, request: Request) -> Response:
-        """Ray Serve LLM's ``OpenAiIngress.embeddings``, the response encoded by pydantic-core:
-        its ``JSONResponse(content=result.model_dump())`` took 1.4 ms for one 1024-float embedding
-        and 69 ms for 256 of 384 floats on the 2-core EPYC, ``model_dump_json`` 0.3 and 8.9 ms
-        (the same floats; docs/operations.md)."""
+        """Ray Serve LLM's ``OpenAiIngress.embeddings``, with the response sent as vLLM encoded it
+        where the replica is a TernaryLLMServer (EmbeddingJSON), else encoded by pydantic-core: Ray
+        Serve LLM's ``JSONResponse(content=result.model_dump())`` took 1.4 ms for one 1024-float
+        embedding and 69 ms for 256 of 384 floats on the 2-core EPYC, ``model_dump_json`` 0.3 and
+        8.9 ms (the same floats; docs/operations.md)."""
         async with _call_timeout(_CALL_TIMEOUT_S):
             result = await self._get_response(body=body, call_method="embeddings", raw_request=request).__anext__()
         if isinstance(result, ErrorResponse):
             raise OpenAIHTTPException(message=result.error.message, status_code=result.error.code, type=result.error.type)
+        if isinstance(result, EmbeddingJSON):  # TernaryLLMServer: vLLM's body, already encoded
+            return Response(result.body, media_type=result.media_type)
         return Response(result.model_dump_json(), media_type="application/json")
 
     async def health(self) -> JSONResponse:

@@ -7,8 +7,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import functools
 import threading
 import time
+from typing import NamedTuple
 
 from ray.serve.llm.deployment import LLMServer
 
@@ -59,6 +61,18 @@ class LocalCheckpoint(compat.callback_base()):
         self.ctx.run_init_node = False
 
 
+class EmbeddingJSON(NamedTuple):
+    """A ``/v1/embeddings`` response as vLLM encoded it, which the ingress sends on unchanged."""
+
+    body: bytes
+    media_type: str
+
+
+@functools.cache
+def _embedding_body_engine(base: type) -> type:
+    return compat.embedding_body_engine(base, EmbeddingJSON)
+
+
 class TernaryLLMServer(LLMServer):
     """Ray Serve LLM's replica with its engine's death handled in place.
 
@@ -74,6 +88,12 @@ class TernaryLLMServer(LLMServer):
     _last_restart: float | None = None  # time.monotonic() when the last restart succeeded
     _leaving = False  # the replica exits soon (_leave_soon)
     _asgi_bound = False  # direct ingress built vLLM's app on this engine
+
+    def _get_default_engine_class(self):
+        """Ray Serve LLM's engine class with embeddings that hand vLLM's encoded JSON to the ingress
+        (EmbeddingJSON) instead of a pydantic model that is parsed, pickled and encoded again: the
+        replica and the ingress each spend less CPU on a request (benchmarks/results/serve-cpu-cost.md)."""
+        return _embedding_body_engine(super()._get_default_engine_class())
 
     async def start(self):
         await super().start()

@@ -237,3 +237,69 @@ def test_an_engines_error_answer_keeps_its_status_in_the_one_shape():
                                    "code": 400})
     err = _error(_answered(result), 400)
     assert err["message"] == "dimensions is not supported by this model" and err["type"] == "invalid_request_error", err
+
+
+def test_a_replicas_encoded_body_is_sent_unchanged():
+    """TernaryLLMServer hands over vLLM's encoded response (EmbeddingJSON): the ingress sends its
+    bytes and media type as they are, with no parse and no second encoding."""
+    from deployments.server import EmbeddingJSON
+
+    body = b'{"id":"e-1","object":"list","data":[{"index":0,"object":"embedding","embedding":[0.1,-2.5e-07]}]}'
+    r = _answered(EmbeddingJSON(body, "application/json"))
+    assert r.status_code == 200 and r.headers["content-type"] == "application/json", r.text
+    assert r.content == body
+
+
+class _Serving:
+    """vLLM's embeddings serving object as VLLMEngine holds it: answers with ``response`` or raises it."""
+
+    def __init__(self, response):
+        self.response = response
+
+    async def __call__(self, request, raw_request=None):
+        if isinstance(self.response, Exception):
+            raise self.response
+        return self.response
+
+
+def _engine_answers(response, encoding_format="float"):
+    """What the replica's engine (TernaryLLMServer's engine class) yields for one request whose
+    serving layer answers with ``response``."""
+    import asyncio
+    from types import SimpleNamespace
+
+    from deployments import compat
+    from deployments.server import EmbeddingJSON
+
+    class Base:  # the parts of Ray Serve LLM's VLLMEngine that its embeddings method uses
+        def __init__(self):
+            self._oai_serving_embedding = _Serving(response)
+
+        def _validate_openai_serving_embedding(self):
+            return None
+
+        def _make_error_response(self, serving, exc):
+            return compat.error_response(str(exc), 400, "BadRequestError")
+
+    engine = compat.embedding_body_engine(Base, EmbeddingJSON)()
+    request = SimpleNamespace(model="m", input="a", encoding_format=encoding_format, request_id="r-1")
+
+    async def collect():
+        return [item async for item in engine.embeddings(request, None)]
+
+    return asyncio.run(collect())
+
+
+def test_the_replicas_engine_yields_vllms_encoded_body():
+    from fastapi.responses import ORJSONResponse, StreamingResponse
+
+    from deployments.server import EmbeddingJSON
+
+    content = {"id": "e-1", "object": "list", "data": [{"index": 0, "object": "embedding", "embedding": [0.5, -1.25]}]}
+    (item,) = _engine_answers(ORJSONResponse(content))
+    assert isinstance(item, EmbeddingJSON) and item.media_type == "application/json"
+    assert json.loads(item.body) == content
+    (item,) = _engine_answers(ValueError("This model's maximum context length is 256 tokens"))
+    assert item.error.code == 400 and "maximum context length" in item.error.message
+    (item,) = _engine_answers(StreamingResponse(iter([b"\x00"])), encoding_format="bytes")
+    assert item.error.code == 400 and item.error.message.startswith("encoding_format 'bytes' is not served here"), item

@@ -325,6 +325,10 @@ stage_serve_tp2() {
 stage_serve_hops() {
   TERNARY_BUILD_CUDA=0 TERNARY_BUILD_CPU=0 python3 -m pip install -q --no-deps --no-build-isolation -e . \
     > "$LOGS/install.log" 2>&1 || { tail -20 "$LOGS/install.log"; return 1; }
+  # orjson (the serve extra; .whl2): vLLM's embeddings endpoint encodes with it where it is installed
+  python3 -c "import orjson" 2>/dev/null || python3 -m pip install -q --no-index --no-deps --no-compile \
+    --target /root/site .whl2/orjson-*.whl || return 1
+  python3 -c "import orjson; print('orjson', orjson.__version__)"
   local model=${HOPS_MODEL:-/root/hops/qwen3-0.6b-bf16}
   [ -e "$model/config.json" ] || python3 -c "import sys, torch; from pathlib import Path; \
 from ternary_plugin.synthetic import QWEN3_EMBEDDING_0_6B, make_qwen3; \
