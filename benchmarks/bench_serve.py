@@ -108,8 +108,8 @@ async def run_level(model_id: str, key: str | None, concurrency: int, requests: 
 
 
 # Whose CPU a request costs: the processes of the serving path by role (command-line patterns of Ray
-# 2.57.1 / 2.60 and vLLM 0.25.1 / 0.32). A process that exists once (Serve's proxy on a node, the model
-# replica's event loop) and spends C ms of CPU a request caps the path near 1000 / C requests/s.
+# 2.57.1 / 2.60 and vLLM 0.25.1 / 0.32). A role with one process (Serve's proxy on a node, the model
+# replica) whose CPU per request grows with concurrency while throughput stalls is the bottleneck.
 ROLES = (("proxy", ("ray::ProxyActor", "haproxy")), ("ingress", ("TernaryIngress",)),
          ("model replica", ("TernaryLLMServer", "LLMServer")), ("engine core", ("EngineCore",)),
          ("engine workers", ("VLLM::Worker", "RayWorkerWrapper", "VllmWorker")),
@@ -318,8 +318,7 @@ def markdown(result: dict) -> str:
     if cost:
         roles = list(dict.fromkeys(r for _, lv in cost for r in lv["cpu_ms_per_request"]))
         lines += ["", "CPU time per answered request, ms, by process role (all of the role's processes; in brackets "
-                  "the busiest one's where there are several: a single process at C ms caps the path near 1000 / C "
-                  "requests/s):", "", "| model | concurrency | " + " | ".join(roles) + " |",
+                  "the busiest one's where there are several):", "", "| model | concurrency | " + " | ".join(roles) + " |",
                   "|---|---|" + "---|" * len(roles)]
         for label, lv in cost:
             cells = []

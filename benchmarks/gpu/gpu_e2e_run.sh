@@ -334,8 +334,10 @@ stage_serve_hops() {
 from ternary_plugin.synthetic import QWEN3_EMBEDDING_0_6B, make_qwen3; \
 make_qwen3(Path(sys.argv[1]), dtype=torch.bfloat16, **QWEN3_EMBEDDING_0_6B)" "$model" || return 1
   serve_bench configs/tp1.yaml "${HOPS_NAME:-serve-hops-h200}" "bf16=$model" --concurrency 1 16 --hops "${HOPS_N:-300}" ${HOPS_ARGS:-}
-  [ "${HOPS_OFFLINE:-1}" = 1 ] && offline_run "$model" hops-bf16 --quick
-  grep -h '"p50"' "$OUT"/offline-hops-bf16.json 2>/dev/null
+  if [ "${HOPS_OFFLINE:-1}" = 1 ]; then
+    offline_run "$model" hops-bf16 --quick
+    grep -h '"p50"' "$OUT"/offline-hops-bf16.json
+  fi
 }
 
 # --- The 8B-shaped end-to-end run (issue #22): two sub-stages for two device calls back to back ---------
