@@ -61,6 +61,7 @@ BAD = [
     ("too many inputs", {"input": ["a"] * 257}, 400, "at most 256 per request"),
     ("too long", {"input": "word " * 600}, 400, "maximum context length is 256 tokens"),
     ("dimensions", {"input": "hi", "dimensions": 8}, 400, "dimensions"),
+    ("binary encoding", {"input": "hi", "encoding_format": "bytes"}, 400, "encoding_format"),
     ("unknown model", {"model": "nope", "input": "x"}, 404, 'model "nope"'),
 ]
 
