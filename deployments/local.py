@@ -39,6 +39,8 @@ class ClusterOptions:
     # More Ray nodes on this machine (`ray start --address`, each with its own temp dir and
     # num_cpus CPUs): a multi-node cluster for tests and demos, replicas placed across nodes.
     worker_nodes: int = 0
+    # HAProxy in front instead of Serve's Python proxy (RAY_SERVE_ENABLE_HA_PROXY=1; docs/operations.md)
+    haproxy: bool = False
 
     def node_temp_dir(self, i: int) -> Path:
         """Node 0 is the head."""
@@ -109,11 +111,27 @@ SETTINGS_PREFIX = "ternary-serve cluster settings: "
 # cluster, so `stop` finds it. Its sockets stay where Ray puts them: HAProxy refuses a socket path
 # over 97 bytes, and <temp dir>/<56-character node id>/metrics.sock is near that.
 HAPROXY_CONFIG = "RAY_SERVE_HAPROXY_CONFIG_FILE_LOC"
+# HAProxy reserves ~2.5 file descriptors a connection it may hold (50,036 for 20,000, seen on the
+# lent H200) and refuses to start above the process's hard limit: Ray 2.57.1's default maxconn
+# (20,000) failed there (hard limit 20,000). Ray 2.60's default, 4096, capped by that limit.
+HAPROXY_MAXCONN = "RAY_SERVE_HAPROXY_MAXCONN"
+HAPROXY_MAXCONN_DEFAULT = 4096
+
+
+def haproxy_maxconn(fd_hard_limit: int) -> int:
+    """The connections HAProxy is allowed: Ray 2.60's default where the descriptors allow it."""
+    return max(64, min(HAPROXY_MAXCONN_DEFAULT, int((fd_hard_limit - 200) / 2.5)))
 
 
 def haproxy_env(temp_dir: Path) -> dict[str, str]:
-    """A config path the caller set keeps its value (HAProxy is then found by it instead)."""
-    return {HAPROXY_CONFIG: os.environ.get(HAPROXY_CONFIG, str(temp_dir / "haproxy" / "haproxy.cfg"))}
+    """Where HAProxy's config goes and how many connections it may hold; what the caller set keeps
+    its value (a config path of its own: HAProxy is then found by it instead)."""
+    import resource
+
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    maxconn = haproxy_maxconn(hard if hard != resource.RLIM_INFINITY else 1 << 20)
+    return {HAPROXY_CONFIG: os.environ.get(HAPROXY_CONFIG, str(temp_dir / "haproxy" / "haproxy.cfg")),
+            HAPROXY_MAXCONN: os.environ.get(HAPROXY_MAXCONN, str(maxconn))}
 
 
 def haproxy_match(cluster_env: dict[str, str]) -> str:
@@ -145,6 +163,8 @@ class LocalCluster:
         self.address = f"127.0.0.1:{opts.ray_port}"
         self.log = Path(f"{opts.temp_dir}.log")
         self.cluster_env = envs.cluster_env()
+        if opts.haproxy:
+            self.cluster_env["RAY_SERVE_ENABLE_HA_PROXY"] = "1"
         if self.cluster_env.get("RAY_SERVE_ENABLE_HA_PROXY") == "1":
             self.cluster_env.update(haproxy_env(opts.temp_dir))
         self.procs: list[subprocess.Popen] = []

@@ -201,3 +201,21 @@ def test_haproxys_config_lives_under_the_clusters_temp_dir(monkeypatch):
     monkeypatch.delenv("RAY_SERVE_HAPROXY_CONFIG_FILE_LOC")
     monkeypatch.setenv("RAY_SERVE_ENABLE_HA_PROXY", "0")
     assert "RAY_SERVE_HAPROXY_CONFIG_FILE_LOC" not in LocalCluster(opts, {}).cluster_env
+
+
+def test_haproxy_is_allowed_the_connections_its_descriptors_cover(monkeypatch):
+    """--haproxy turns HAProxy on; its maxconn is Ray 2.60's 4096 unless the file-descriptor hard
+    limit is too low for it (~2.5 descriptors a connection: Ray 2.57.1's 20,000 kept HAProxy from
+    starting where the limit is 20,000); a maxconn the caller set wins."""
+    from deployments.local import ClusterOptions, LocalCluster, haproxy_maxconn
+
+    assert haproxy_maxconn(20_000) == haproxy_maxconn(1 << 20) == 4096
+    assert haproxy_maxconn(4096) == 1558 and 1558 * 2.5 + 200 <= 4096
+    assert haproxy_maxconn(1024) == 329
+    monkeypatch.delenv("RAY_SERVE_ENABLE_HA_PROXY", raising=False)
+    monkeypatch.delenv("RAY_SERVE_HAPROXY_MAXCONN", raising=False)
+    env = LocalCluster(ClusterOptions(temp_dir=Path("/tmp/tsv"), haproxy=True), {}).cluster_env
+    assert env["RAY_SERVE_ENABLE_HA_PROXY"] == "1" and int(env["RAY_SERVE_HAPROXY_MAXCONN"]) <= 4096
+    monkeypatch.setenv("RAY_SERVE_HAPROXY_MAXCONN", "100")
+    assert LocalCluster(ClusterOptions(haproxy=True), {}).cluster_env["RAY_SERVE_HAPROXY_MAXCONN"] == "100"
+    assert "RAY_SERVE_HAPROXY_MAXCONN" not in LocalCluster(ClusterOptions(), {}).cluster_env

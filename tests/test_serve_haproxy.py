@@ -30,13 +30,14 @@ def server(tmp_path_factory):
     """``server.log``: the serve log; ``server.stop()`` ends the cluster early (the module's last test does)."""
     log_dir = tmp_path_factory.mktemp("serve-haproxy")
     with contextlib.ExitStack() as stack:
-        stack.enter_context(serving("configs/cpu.yaml", log_dir, env_extra={"RAY_SERVE_ENABLE_HA_PROXY": "1"}))
+        stack.enter_context(serving("configs/cpu.yaml", log_dir, extra_args=("--haproxy",)))
         yield SimpleNamespace(log=log_dir / "serve.log", stop=stack.close)
 
 
 def test_served_through_haproxy_with_the_ingress_checks(server):
     log = server.log.read_text(errors="replace")
     assert "ternary-serve cluster settings:" in log and "RAY_SERVE_ENABLE_HA_PROXY=1" in log
+    assert "RAY_SERVE_HAPROXY_MAXCONN=" in log
     r = post({"model": MODEL, "input": ["The quick brown fox.", "What is the capital of France?"]})
     assert r.status_code == 200, r.text
     data = r.json()["data"]
