@@ -19,9 +19,9 @@ against each ternary deployment while it is up and records its exit code. --acti
 the application's activation_dtype (int8: W2A8). --hops N adds a per-hop timing of N sequential
 requests (see hop_profile). Every level records the CPU time each role of process (proxy, ingress
 replicas, model replica, engine, this client) spent per answered request. The JSON is rewritten
-after every level, so a run cut off keeps the levels it finished; SIGTERM stops the cluster it started. --http-port and
---ray-port (and --dashboard-port, --metrics-port) move the cluster off 8000 / 6390 (a check beside
-other users' clusters).
+after every level, so a run cut off keeps the levels it finished; SIGTERM stops the cluster it
+started. --http-port and --ray-port (and --dashboard-port, --metrics-port) move the cluster off
+8000 / 6390 (a check beside other users' clusters).
 """
 
 from __future__ import annotations
@@ -318,13 +318,16 @@ def markdown(result: dict) -> str:
     if cost:
         roles = list(dict.fromkeys(r for _, lv in cost for r in lv["cpu_ms_per_request"]))
         lines += ["", "CPU time per answered request, ms, by process role (all of the role's processes; in brackets "
-                  "the busiest one's where there are several):", "", "| model | concurrency | " + " | ".join(roles) + " |",
-                  "|---|---|" + "---|" * len(roles)]
+                  "the busiest one's where there are several):", "",
+                  "| model | concurrency | " + " | ".join(roles) + " |", "|---|---|" + "---|" * len(roles)]
+
+        def cell(c: dict | None) -> str:
+            if c is None:
+                return "-"
+            return f"{c['ms']} ({c['max_process_ms']})" if c["processes"] > 1 else f"{c['ms']}"
+
         for label, lv in cost:
-            cells = []
-            for r in roles:
-                c = lv["cpu_ms_per_request"].get(r)
-                cells.append("-" if c is None else f"{c['ms']}" + (f" ({c['max_process_ms']})" if c["processes"] > 1 else ""))
+            cells = [cell(lv["cpu_ms_per_request"].get(r)) for r in roles]
             lines.append(f"| {label} | {lv['concurrency']} | " + " | ".join(cells) + " |")
     hops = {label: m["hops"] for label, m in result["models"].items() if m.get("hops")}
     if hops:

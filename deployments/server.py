@@ -5,9 +5,9 @@ per-rank report the reconciliation job asks for. Nothing here can change a weigh
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
-import functools
 import threading
 import time
 from typing import NamedTuple
@@ -92,7 +92,8 @@ class TernaryLLMServer(LLMServer):
     def _get_default_engine_class(self):
         """Ray Serve LLM's engine class with embeddings that hand vLLM's encoded JSON to the ingress
         (EmbeddingJSON) instead of a pydantic model that is parsed, pickled and encoded again: the
-        replica and the ingress each spend less CPU on a request (benchmarks/results/serve-cpu-cost.md)."""
+        replica and the ingress each spend less CPU on a request (docs/operations.md,
+        benchmarks/results/serve-hops-h200.md)."""
         return _embedding_body_engine(super()._get_default_engine_class())
 
     async def start(self):

