@@ -30,6 +30,8 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+if str(REPO) not in sys.path:  # run as a script: its siblings import as benchmarks.*
+    sys.path.insert(0, str(REPO))
 QWEN_DIR = REPO / "models/qwen3-embedding-0.6b-ternary"
 QWEN_BF16_DIR = REPO / "models/qwen3-embedding-0.6b-bf16"
 MINILM_DIR = REPO / "models/minilm-ternary-gpu"
@@ -845,6 +847,18 @@ def _serve_entry(parts: Path, variant: str) -> dict:
     return entry
 
 
+def serve_proxy(entry: dict) -> str:
+    """What took the HTTP requests of a bench_serve run: HAProxy or Serve's Python proxy."""
+    return "HAProxy" if (entry.get("cluster_env") or {}).get("RAY_SERVE_ENABLE_HA_PROXY") == "1" else "Serve's proxy"
+
+
+def _serve_summary(entry: dict) -> dict:
+    levels = {lv["concurrency"]: lv for lv in entry.get("levels", [])}
+    return {"proxy": serve_proxy(entry), "latency_c1_p50_ms": levels.get(1, {}).get("latency_p50_ms"),
+            "throughput_c16_per_s": levels.get(16, {}).get("embeddings_per_s"),
+            "throughput_c64_per_s": levels.get(64, {}).get("embeddings_per_s")}
+
+
 def _cos(a: list[float], b: list[float]) -> float:
     dot = sum(x * y for x, y in zip(a, b))
     return dot / math.sqrt(sum(x * x for x in a) * sum(y * y for y in b))
@@ -861,6 +875,9 @@ def collect_8b(parts: Path, previous: dict | None = None) -> dict:
     serve = {v: e for v in VARIANTS if (e := _serve_entry(parts, v))}
     carried_offline = {v: o for v, o in prev.get("offline", {}).items() if v not in offline}
     carried_serve = {v: e for v, e in prev.get("serve", {}).items() if v not in serve}
+    # Serve runs of the earlier report that these parts measured again: kept as a summary
+    replaced = {**prev.get("serve_replaced", {}),
+                **{v: _serve_summary(e) for v, e in prev.get("serve", {}).items() if v in serve}}
     offline.update(carried_offline)
     serve.update(carried_serve)
     carried = [f"offline {v}" for v in carried_offline] + [f"serve {v}" for v in carried_serve]
@@ -919,7 +936,7 @@ def collect_8b(parts: Path, previous: dict | None = None) -> dict:
         overhead = round(serve_c1 - engine_c1, 2) if serve_c1 is not None and engine_c1 is not None else None
         if srv:
             rows.append({
-                "variant": v, "mode": "serve",
+                "variant": v, "mode": "serve", "proxy": serve_proxy(srv),
                 "latency_c1_p50_ms": serve_c1,
                 "throughput_c16_qps": levels.get(16, {}).get("embeddings_per_s"),
                 "throughput_c64_qps": levels.get(64, {}).get("embeddings_per_s"),
@@ -931,6 +948,7 @@ def collect_8b(parts: Path, previous: dict | None = None) -> dict:
             "engine_latency_c1_p50_ms": engine_c1,
             "latency_c1_p50_ms": serve_c1,
             "serve_overhead_ms": overhead,
+            "serve_proxy": serve_proxy(srv) if srv else None,
             "throughput_c16_per_s": levels.get(16, {}).get("embeddings_per_s"),
             "throughput_c64_per_s": levels.get(64, {}).get("embeddings_per_s"),
             "engine_throughput_c16_per_s": thr.get("c16", {}).get("queries_per_s"),
@@ -972,7 +990,7 @@ def collect_8b(parts: Path, previous: dict | None = None) -> dict:
         "reference": {k: x for k, x in ref.items() if k != "embeddings"},
         "prepare": {k: x for k, x in prep.items() if k != "shape"}, "steps": steps, "humming_warmup": warmups,
         "offline": {v: {k: x for k, x in o.items() if k != "embeddings"} for v, o in offline.items()},
-        "serve": serve, "carried_over": carried,
+        "serve": serve, "carried_over": carried, "serve_replaced": replaced,
     }
 
 
@@ -1001,7 +1019,8 @@ def markdown_8b(r: dict) -> str:
         return min(c) if c else "-"
 
     for row in r["rows"]:
-        lines.append(f"| {row['variant']} | {row['mode']} | {row.get('latency_c1_p50_ms')} | {row.get('throughput_c16_qps')} | "
+        mode = f"{row['mode']} ({row['proxy']})" if row.get("proxy") else row["mode"]
+        lines.append(f"| {row['variant']} | {mode} | {row.get('latency_c1_p50_ms')} | {row.get('throughput_c16_qps')} | "
                      f"{row.get('throughput_c64_qps')} | {row.get('tokens_per_s_512') or '-'} | {row.get('weight_gib') or '-'} | "
                      f"{row.get('kv_cache_tokens') or '-'} | {row.get('serve_overhead_ms') if row['mode'] == 'serve' else '-'} | "
                      f"{low(row.get('cosine_vs_bf16'))} | {low(row.get('cosine_vs_reference'))} | "
@@ -1016,6 +1035,13 @@ def markdown_8b(r: dict) -> str:
                    "Where (c)'s loss comes from (per-token int8 itself, mostly down_proj; both kernels reproduce the "
                    "formula): w2a8-depth-8b-h200.md."),
               "", "Targets (issue #22): " + "; ".join(f"{k}: {v}" for k, v in r["targets"].items()) + "."]
+    from benchmarks.bench_serve import cpu_table
+
+    lines += cpu_table([(v, lv) for v, e in r.get("serve", {}).items() for lv in e.get("levels", [])])
+    if r.get("serve_replaced"):
+        lines += ["", "Earlier Serve runs of this report, measured again above (c1 p50 ms, c16 / c64 queries/s): "
+                  + "; ".join(f"{v} {x['latency_c1_p50_ms']}, {x['throughput_c16_per_s']} / {x['throughput_c64_per_s']} "
+                              f"({x['proxy']})" for v, x in r["serve_replaced"].items()) + "."]
     if r.get("not_run"):
         lines += ["", "**Not run or not complete:** " + "; ".join(r["not_run"]) + "."]
     if r.get("carried_over"):

@@ -304,6 +304,28 @@ def reconcile(report: Path, timeout: float = 120, ray_port: int | None = None) -
             "seconds": round(time.time() - t, 1), "report": str(report)}
 
 
+def cpu_table(levels: list[tuple[str, dict]]) -> list[str]:
+    """Markdown lines: the CPU time per answered request by role of (label, level) pairs whose
+    level recorded it (none: no lines)."""
+    cost = [(label, lv) for label, lv in levels if lv.get("cpu_ms_per_request")]
+    if not cost:
+        return []
+    roles = list(dict.fromkeys(r for _, lv in cost for r in lv["cpu_ms_per_request"]))
+    lines = ["", "CPU time per answered request, ms, by process role (all of the role's processes; in brackets "
+             "the busiest one's where there are several):", "",
+             "| model | concurrency | " + " | ".join(roles) + " |", "|---|---|" + "---|" * len(roles)]
+
+    def cell(c: dict | None) -> str:
+        if c is None:
+            return "-"
+        return f"{c['ms']} ({c['max_process_ms']})" if c["processes"] > 1 else f"{c['ms']}"
+
+    for label, lv in cost:
+        cells = [cell(lv["cpu_ms_per_request"].get(r)) for r in roles]
+        lines.append(f"| {label} | {lv['concurrency']} | " + " | ".join(cells) + " |")
+    return lines
+
+
 def markdown(result: dict) -> str:
     """serve-*.md from its JSON: the levels, and where one request's time goes (--hops)."""
     env = " ".join(f"{k}={v}" for k, v in result["env"].items())
@@ -314,21 +336,7 @@ def markdown(result: dict) -> str:
         for lv in m["levels"]:
             lines.append(f"| {label} | {lv['concurrency']} | {lv['requests_ok']} | {lv['embeddings_per_s']} | "
                          f"{lv['tokens_per_s']} | {lv['latency_p50_ms']} | {lv['latency_p95_ms']} | {lv['latency_p99_ms']} | {lv['errors']} |")
-    cost = [(label, lv) for label, m in result["models"].items() for lv in m["levels"] if lv.get("cpu_ms_per_request")]
-    if cost:
-        roles = list(dict.fromkeys(r for _, lv in cost for r in lv["cpu_ms_per_request"]))
-        lines += ["", "CPU time per answered request, ms, by process role (all of the role's processes; in brackets "
-                  "the busiest one's where there are several):", "",
-                  "| model | concurrency | " + " | ".join(roles) + " |", "|---|---|" + "---|" * len(roles)]
-
-        def cell(c: dict | None) -> str:
-            if c is None:
-                return "-"
-            return f"{c['ms']} ({c['max_process_ms']})" if c["processes"] > 1 else f"{c['ms']}"
-
-        for label, lv in cost:
-            cells = [cell(lv["cpu_ms_per_request"].get(r)) for r in roles]
-            lines.append(f"| {label} | {lv['concurrency']} | " + " | ".join(cells) + " |")
+    lines += cpu_table([(label, lv) for label, m in result["models"].items() for lv in m["levels"]])
     hops = {label: m["hops"] for label, m in result["models"].items() if m.get("hops")}
     if hops:
         lines += ["", "Where one request's time goes, concurrency 1 (`--hops`: means in ms over the matched "
