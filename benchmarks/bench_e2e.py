@@ -875,9 +875,12 @@ def collect_8b(parts: Path, previous: dict | None = None) -> dict:
     serve = {v: e for v in VARIANTS if (e := _serve_entry(parts, v))}
     carried_offline = {v: o for v, o in prev.get("offline", {}).items() if v not in offline}
     carried_serve = {v: e for v, e in prev.get("serve", {}).items() if v not in serve}
-    # Serve runs of the earlier report that these parts measured again: kept as a summary
-    replaced = {**prev.get("serve_replaced", {}),
-                **{v: _serve_summary(e) for v, e in prev.get("serve", {}).items() if v in serve}}
+    # Serve runs of the earlier report that these parts measured again (not the same parts read
+    # twice): kept as summaries, oldest first
+    replaced = {v: list(x) for v, x in prev.get("serve_replaced", {}).items()}
+    for v, e in prev.get("serve", {}).items():
+        if v in serve and e.get("levels") != serve[v].get("levels"):
+            replaced.setdefault(v, []).append(_serve_summary(e))
     offline.update(carried_offline)
     serve.update(carried_serve)
     carried = [f"offline {v}" for v in carried_offline] + [f"serve {v}" for v in carried_serve]
@@ -1041,7 +1044,7 @@ def markdown_8b(r: dict) -> str:
     if r.get("serve_replaced"):
         lines += ["", "Earlier Serve runs of this report, measured again above (c1 p50 ms, c16 / c64 queries/s): "
                   + "; ".join(f"{v} {x['latency_c1_p50_ms']}, {x['throughput_c16_per_s']} / {x['throughput_c64_per_s']} "
-                              f"({x['proxy']})" for v, x in r["serve_replaced"].items()) + "."]
+                              f"({x['proxy']})" for v, xs in r["serve_replaced"].items() for x in xs) + "."]
     if r.get("not_run"):
         lines += ["", "**Not run or not complete:** " + "; ".join(r["not_run"]) + "."]
     if r.get("carried_over"):

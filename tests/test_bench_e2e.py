@@ -120,7 +120,7 @@ def test_8b_parts_merge_into_rows_per_variant_and_mode_and_the_targets(tmp_path)
     assert t["serve_overhead_ms_max (<= 5)"] == 4.0
     assert "Serve bf16" in r["not_run"] and "serve_bf16: timeout" in r["not_run"]
     md = markdown_8b(r)
-    assert "| ternary | serve | 14.0 | 390.0 | 700.0 |" in md and "Not run or not complete" in md
+    assert "| ternary | serve (Serve's proxy) | 14.0 | 390.0 | 700.0 |" in md and "Not run or not complete" in md
 
 
 def test_8b_report_keeps_an_earlier_reports_offline_figures_when_only_serve_parts_came_back(tmp_path):
@@ -151,3 +151,40 @@ def test_8b_report_keeps_an_earlier_reports_offline_figures_when_only_serve_part
     assert "serve_ternary: failed" not in r["not_run"] and "Serve ternary" not in r["not_run"]
     alone = collect_8b(second)
     assert alone["carried_over"] == [] and alone["ternary"]["serve_overhead_ms"] is None
+
+
+def test_8b_report_names_the_proxy_and_keeps_the_serve_runs_it_replaced(tmp_path):
+    """report-8b --previous with Serve measured again behind HAProxy: the new row says HAProxy (the
+    run's RAY_SERVE_ENABLE_HA_PROXY), the earlier run of that variant stays as a summary under
+    serve_replaced (and in the markdown), and each Serve level's CPU by role becomes a table."""
+    from benchmarks.bench_e2e import collect_8b, markdown_8b
+
+    def serve(variant, env, c1_ms, c16_qps, cpu=None):
+        level = {"concurrency": 1, "latency_p50_ms": c1_ms, "embeddings_per_s": 40.0, "errors": {}}
+        if cpu:
+            level["cpu_ms_per_request"] = cpu
+        return {"command": "bench_serve ...", "env": env, "models": {variant: {"levels": [
+            level, {"concurrency": 16, "latency_p50_ms": 50.0, "embeddings_per_s": c16_qps, "errors": {}}]}}}
+
+    first, second = tmp_path / "first", tmp_path / "second"
+    first.mkdir(), second.mkdir()
+    (first / "e2e8b-offline-bf16.json").write_text(json.dumps(
+        _offline_8b("bf16", 10.0, 400.0, 800.0, 1e5, 3 * 2**30, 2**30, [[1.0, 0.0]])))
+    (first / "e2e8b-serve-bf16.json").write_text(json.dumps(serve("bf16", {}, 32.0, 144.0)))
+    earlier = json.loads(json.dumps(collect_8b(first)))
+    assert earlier["bf16"]["serve_proxy"] == "Serve's proxy"
+    cpu = {"model replica": {"ms": 2.5, "max_process_ms": 2.5, "processes": 1},
+           "ingress": {"ms": 4.0, "max_process_ms": 1.0, "processes": 4}}
+    (second / "e2e8b-serve-bf16.json").write_text(json.dumps(
+        serve("bf16", {"RAY_SERVE_ENABLE_HA_PROXY": "1"}, 20.0, 280.0, cpu)))
+    r = collect_8b(second, earlier)
+    assert r["bf16"]["serve_proxy"] == "HAProxy" and r["bf16"]["serve_overhead_ms"] == 10.0
+    assert r["serve_replaced"] == {"bf16": [{"proxy": "Serve's proxy", "latency_c1_p50_ms": 32.0,
+                                             "throughput_c16_per_s": 144.0, "throughput_c64_per_s": None}]}
+    md = markdown_8b(r)
+    assert "| bf16 | serve (HAProxy) | 20.0 | 280.0 |" in md
+    assert "bf16 32.0, 144.0 / None (Serve's proxy)" in md
+    assert "| bf16 | 1 | 2.5 | 4.0 (1.0) |" in md
+    # the report made again from the same parts keeps the first run's summary, and only it
+    again = collect_8b(second, json.loads(json.dumps(r)))["serve_replaced"]["bf16"]
+    assert [x["latency_c1_p50_ms"] for x in again] == [32.0]

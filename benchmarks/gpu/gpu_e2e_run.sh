@@ -470,6 +470,9 @@ e8_serve() {  # VARIANT MODEL_DIR CAP RESERVE MIN [bench_serve args...]: Ray Ser
   local v=$1 model=$2 cap=$3 reserve=$4 min=$5; shift 5
   e8_clean
   haproxy_ready || { echo "serve_$v: HAProxy asked for (RAY_SERVE_ENABLE_HA_PROXY=1) but .whl2 is not here"; return 1; }
+  # the offline engines of e2e8b_prepare_offline run with Humming where .whl carried it: a Serve run without it
+  # times other kernels (the ternary layers keep this repository's), and the report would compare the two
+  python3 -c "import humming" 2>/dev/null || echo "NOTE serve_$v: humming-kernels is not importable (carry .whl from gpu_wheels.sh): ternary layers on this repository's kernels only"
   local left=$(( E8_T0 + E2E8B_BUDGET - reserve - $(date +%s) ))
   # /health is waited for at most this long: the rest of the step is the levels (3 x 10 s and a
   # warm-up) and the cluster's stop, so that bench_serve ends itself and writes what it measured
