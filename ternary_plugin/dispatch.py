@@ -333,6 +333,23 @@ W2A8_BANDS: tuple[Band, ...] = (
 )
 
 
+# Band Q1 below M 128 (the s8 wgmma kernel's smallest token tile is 64): per decoder layer on the
+# H200 0.70-0.83x cuBLAS bf16 on 8B shapes and 0.50-0.78x on 0.6B shapes at M 1-256, where Humming's
+# int2 x int8 does 58-148 us against ours 144-218 on 8B (kernel-h200.md, ours_w2a8_us).
+W2A8_WITHOUT_HUMMING = (
+    "int8 activations without humming-kernels: this repository's s8 wgmma kernel (band Q1) serves every M, and "
+    "below ~M 256 it is slower than cuBLAS bf16 and than the bf16-activation mode (per 8B decoder layer on the "
+    "H200 0.70-0.83x cuBLAS at M 1-128, Humming's int2 x int8 1.15-2.04x; benchmarks/results/kernel-h200.md): "
+    "install humming-kernels (ternary-serve's gpu extra) where batches are small")
+
+
+def w2a8_advice(dev: Device, layout: str, w2a8: bool, humming_importable: bool) -> str | None:
+    """What a deployment should hear once about its int8-activation mode on ``dev``, or None."""
+    if w2a8 and layout == "ternary" and dev.hopper and not humming_importable:
+        return W2A8_WITHOUT_HUMMING
+    return None
+
+
 def plan_w2a8(call: Call, dev: Device, layout: str = "ternary", lim: dict[str, int] | None = None) -> Choice:
     """The int8-activation mode's kernel for ``call`` on a layer holding ``layout``."""
     lim = lim if lim is not None else limits()

@@ -158,3 +158,10 @@ def _log_layout_once(n: int, k: int, dev: dispatch.Device, layout: str, why: str
     _logged_layouts.add((n, k, layout, w2a8))
     logger.info("ternary layer N %d x K %d on %s: %s layout (%s); %s%s", n, k, dev.name or "GPU", layout, why,
                 "int8 activations: " if w2a8 else "", dispatch.describe(n, k, dev, layout, w2a8=w2a8))
+    advice = dispatch.w2a8_advice(dev, layout, w2a8, humming_backend.importable()) if w2a8 else None
+    if advice and advice not in _logged_advice:
+        _logged_advice.add(advice)
+        logger.warning("%s", advice)
+
+
+_logged_advice: set[str] = set()

@@ -206,6 +206,33 @@ def test_int8_activations_take_our_s8_kernel_on_hopper_and_hummings_elsewhere():
     assert "wgmma s8 (Q1)" in d.describe(4096, 4096, H200, "ternary", w2a8=True)
 
 
+def test_int8_activations_on_hopper_without_humming_get_the_advice_to_install_it(caplog):
+    """Without Humming, band Q1's s8 kernel serves every M, slower than cuBLAS bf16 at small M: the
+    plugin says so once per process, and only where that is the case."""
+    assert d.w2a8_advice(H200, "ternary", True, humming_importable=False) == d.W2A8_WITHOUT_HUMMING
+    assert "humming-kernels" in d.W2A8_WITHOUT_HUMMING and "Q1" in d.W2A8_WITHOUT_HUMMING
+    assert d.w2a8_advice(H200, "ternary", True, humming_importable=True) is None  # the planner took Humming's where it won
+    assert d.w2a8_advice(H200, "ternary", False, humming_importable=False) is None  # bf16 activations
+    assert d.w2a8_advice(A100, "ternary", True, humming_importable=False) is None  # no s8 kernel there (QR warns)
+    assert d.w2a8_advice(H200, "humming", True, humming_importable=True) is None
+
+    from ternary_plugin import linear
+
+    caplog.set_level("INFO", logger=linear.logger.name)
+    linear._logged_layouts.clear(), linear._logged_advice.clear()
+    original = humming_backend.importable
+    humming_backend.importable = lambda: False
+    try:
+        for n in (4096, 6144):  # two layer shapes of one model: one warning
+            linear._log_layout_once(n, 4096, H200, "ternary", "humming-kernels not installed", w2a8=True)
+        linear._log_layout_once(4096, 4096, H200, "ternary", "humming-kernels not installed", w2a8=False)
+    finally:
+        humming_backend.importable = original
+        linear._logged_layouts.clear(), linear._logged_advice.clear()
+    warnings = [r for r in caplog.records if r.levelname == "WARNING" and r.name == linear.logger.name]
+    assert [r.getMessage() for r in warnings] == [d.W2A8_WITHOUT_HUMMING]
+
+
 def test_a_layer_with_both_layouts_keeps_our_kernel_at_small_m_and_on_wgmma_from_256():
     kw = dict(humming_importable=True, lim=LIM)
     assert d.plan_layout(24576, 4096, 128, 0, H200, backend="both", **kw)[0] == "both"
