@@ -53,9 +53,11 @@ from .reference_model import _strip_to, pooling_of
 
 # Measured on MiniLM (H200 runs of 800 steps of 32 texts, the recipe-development table of
 # benchmarks/results/quality.md): hidden 0.1 against 1.0 gave held-out cosine 0.908 against
-# 0.901, and a similarity weight of 10 no gain.
+# 0.901, and a similarity weight of 10 no gain. Similarity 0.3 against 1.0, 1000 steps on the
+# 2-core EPYC, seeds 0 and 1: Spearman +0.002..+0.007 on both sets, cosine -0.001..+0.002
+# (benchmarks/results/quality-1000-cpu.md, recipe development); 4.0 was worse at 300 steps.
 HIDDEN_WEIGHT = 0.1
-SIMILARITY_WEIGHT = 1.0
+SIMILARITY_WEIGHT = 0.3
 # The share of steps over which the learning rate rises from 0 (Adam's first moments are
 # noise until then) and the floor of the cosine decay that follows, as a fraction of lr.
 WARMUP_FRACTION = 0.05
@@ -80,7 +82,7 @@ class CorpusError(ValueError):
 class DistillOptions:
     corpus: Path | None = None  # one text per line; None: the default corpus
     general: Path | None = None  # general-English evaluation texts; None: WordNet's examples
-    # MiniLM, 2 idle cores: 1000 steps in 13.0 min with evaluations (benchmarks/results/quality-1000-cpu.md)
+    # MiniLM, 2 idle cores: 1000 steps in 13.5 min with evaluations (benchmarks/results/quality-1000-cpu.md)
     steps: int = 1000
     batch_size: int = 32
     lr: float = 1e-3  # MiniLM, 800 steps: 2e-4 -> cosine 0.884, 5e-4 -> 0.897, 1e-3 -> 0.901, 2e-3 -> 0.897
