@@ -63,10 +63,11 @@ REGISTRY: tuple[EnvVar, ...] = (
            "avx512_bf16 insists on AVX-512; anything else is an error naming the variable"),
     EnvVar("TERNARY_CPU_SMALL_M_MAX", int, None, "read",
            "CPU kernel (csrc/cpu/): largest M that streams the packed weights with codes decoded in registers "
-           "(default 16 for bf16, 32 for fp32/fp16, measured); above it weight tiles are decoded once and "
-           "multiplied by oneDNN; 0 always tiles"),
+           "(default 2 for bf16, 32 for fp32/fp16, measured); above it weight tiles are decoded once (bf16: "
+           "into vdpbf16ps's pair-major layout for the kernel's own GEMM; fp32: multiplied by MKL); 0 always tiles"),
     EnvVar("TERNARY_CPU_POISON", int, "0", "read",
-           "1: the CPU W2A8 op's output buffers start as NaN (or -128), so tests see any element it leaves unwritten"),
+           "1: the CPU ops' output buffers start as NaN (W2A8's int8 ones as -128), so tests see any element a "
+           "kernel leaves unwritten"),
     EnvVar("TERNARY_CPU_W2A8_SMALL_M_MAX", int, None, "read",
            "W2A8 CPU kernel (csrc/cpu/ternary_cpu_w2a8.cpp): largest M that decodes the codes in registers "
            "(default 2, measured); above it weight tiles are decoded once into u8; 0 always tiles"),

@@ -4,8 +4,8 @@ reference and against the package's reference path, on fresh seeded random input
 Tolerances (y the kernel's output, ref the float64 result, y_ref the reference path's output):
 - relative Frobenius error of y <= 2 x that of y_ref in the same dtype, + 2^-8 ||S|| / ||ref|| for
   bf16 x, + 1e-5: the reference rounds once to x's dtype after fp32 accumulation, as the kernel
-  does; the kernel's bf16 paths past M 2 (the small-M kernel's scaled groups, the large-M tile)
-  also round each block's +-scale to bf16, one relative error |d_b| <= 2^-8 shared by the block's
+  does; the kernel's oneDNN tile (bf16 x whose scale blocks start on odd columns, past M 2) also
+  rounds each block's +-scale to bf16, one relative error |d_b| <= 2^-8 shared by the block's
   weights, so their share of y[i, j] is sum_b d_b p_b[i, j] (p_b: the block's partial dot
   product), at most 2^-8 S[i, j] with S = sum_b |p_b|; 1e-5 covers fp32, where both errors are
   fp32 summation noise (sqrt(K) 2^-24 ~ 3e-6 at K 3072) in different orders and their ratio
@@ -13,8 +13,9 @@ Tolerances (y the kernel's output, ref the float64 result, y_ref the reference p
 - every element: |y - ref| <= (u_out + u_w + K 2^-24) (|x| |W|^T + |bias|), the deterministic
   bound of a K-term fp32 dot product (Higham's gamma_K) plus the output rounding u_out (2^-8
   bf16, 2^-11 fp16, 2^-24 fp32) and the bf16 tile's weight rounding u_w (2^-8 for bf16 x, else
-  0). The op allocates its output, so nothing can be poisoned beforehand: this bound on every
-  element is what catches an unwritten or misplaced one.
+  0). The op allocates its output; test_both_regimes_everywhere runs every shape with
+  TERNARY_CPU_POISON=1 (the output starts as NaN), and this bound on every element catches an
+  unwritten or misplaced one.
 - exact (torch.equal) where owed: unit scales and small integer x make every sum exact.
 """
 
@@ -56,7 +57,7 @@ needs_kernel_cpu = pytest.mark.skipif(
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 U_OUT = {torch.float32: 2.0**-24, torch.bfloat16: 2.0**-8, torch.float16: 2.0**-11}
 # The regimes' boundary (ternary_cpu.cpp kSmallMMaxBf16 / kSmallMMaxF32; fp16 x runs as fp32).
-SMALL_M_MAX = {torch.bfloat16: 24, torch.float32: 32, torch.float16: 32}
+SMALL_M_MAX = {torch.bfloat16: 2, torch.float32: 32, torch.float16: 32}
 
 # (M, N, K, k_offset, block_size, reason)
 SHAPES = [
@@ -68,9 +69,10 @@ SHAPES = [
     (3, 1, 131, 0, 128, "K 131, N 1"),
     (2, 130, 1000, 0, 128, "K 1000: not a multiple of 32"),
     (1, 64, 1024, 0, 128, "K 1024: whole blocks and pieces, decode M"),
-    (17, 64, 1024, 0, 128, "M 17: 6 + 6 + 5 x rows of bf16's scaled groups"),
-    (24, 33, 300, 0, 128, "M 24: bf16's small-M limit"),
-    (25, 64, 1024, 0, 128, "M 25: past bf16's small-M limit"),
+    (3, 64, 1024, 0, 128, "M 3: past bf16's small-M limit, one partial pair-major block"),
+    (17, 64, 1024, 0, 128, "M 17: 6 + 6 + 5 x rows of bf16's pair-major blocks"),
+    (24, 33, 300, 0, 128, "M 24: N 33, a pair-major group of one row"),
+    (25, 64, 1024, 0, 128, "M 25"),
     (32, 130, 384, 0, 128, "M 32: fp32's small-M limit"),
     (33, 17, 384, 0, 128, "M 33: past fp32's small-M limit"),
     (130, 130, 256, 0, 128, "M 130, N 130"),
@@ -80,6 +82,9 @@ SHAPES = [
     (3, 40, 2100, 0, 2048, "block_size 2048: two pieces a block"),
     (2, 33, 96, 32, 128, "k_offset 32: narrow shard inside one block"),
     (20, 33, 502, 118, 128, "k_offset 118: the doc's tp 2 shard, chunks cut by blocks"),
+    (30, 40, 250, 5, 128, "k_offset 5: a scale block cuts a pair (bf16 x: the oneDNN tile)"),
+    (9, 40, 250, 0, 33, "block_size 33: blocks on odd columns (bf16 x: the oneDNN tile)"),
+    (70, 100, 257, 0, 2, "block_size 2: a scale block a pair"),
 ]
 SHAPE_IDS = [s[-1] for s in SHAPES]
 
@@ -240,10 +245,12 @@ def _check_shapes_here() -> None:
 @needs_kernel_cpu
 @pytest.mark.parametrize("small_m_max", ["0", "100000"], ids=["all_large_m", "all_small_m"])
 def test_both_regimes_everywhere(small_m_max):
-    """TERNARY_CPU_SMALL_M_MAX (read once per process) forces one regime on every shape."""
+    """TERNARY_CPU_SMALL_M_MAX (read once per process) forces one regime on every shape;
+    TERNARY_CPU_POISON=1 makes the op's output start as NaN, so an element a kernel fails to
+    write fails the element bound."""
     proc = _run_subprocess(
         "import tests.test_kernel_cpu as t; t._check_shapes_here(); print('CHECKED')",
-        TERNARY_CPU_SMALL_M_MAX=small_m_max,
+        TERNARY_CPU_SMALL_M_MAX=small_m_max, TERNARY_CPU_POISON="1",
     )
     assert proc.returncode == 0 and "CHECKED" in proc.stdout, proc.stderr[-3000:]
 

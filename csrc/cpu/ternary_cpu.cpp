@@ -9,10 +9,14 @@
 // L1 and multiplied against x held in cache (small_m_bf16 / small_m_f32), W row tiles spread
 // over torch's intra-op threads.
 //
-// Large M: a tile of W rows x all of K dequantized with its scales (dequantize_rows_*) into a
-// buffer of <= kTileBytes a thread, multiplied by all of x with at::mm_out into y's columns
-// (oneDNN's bf16 / MKL's fp32 GEMM), the tiles spread over the threads: never a whole-layer or
-// cached copy of W.
+// Past small M, bf16 x on AVX-512: a tile of W rows x all of K decoded once into the pair-major
+// layout vdpbf16ps multiplies (pair_rows_bf16, <= kPairTileBytes a thread) and every x row run
+// over it, a scale block at a time (ternary_cpu_kernels.cpp draws it).
+//
+// Large M otherwise (fp32 / fp16 x, AVX2, or bf16 x with scale blocks on odd columns): a tile of
+// W rows x all of K dequantized with its scales (dequantize_rows_*) into a buffer of <= kTileBytes
+// a thread, multiplied by all of x with at::mm_out into y's columns (oneDNN's bf16 / MKL's fp32
+// GEMM). Either way the tiles spread over the threads: never a whole-layer or cached copy of W.
 //
 //            x [M, K]                 W tile t [rows, K]^T        y [M, N]
 //   +--------------------+        +----+----+----+          +----+----+----+
@@ -41,20 +45,20 @@
 namespace ternary_cpu {
 namespace {
 
-// Largest M of the small-M kernel, measured on the 2-core AMD EPYC (Zen 4, avx512_bf16, no AMX;
-// quiet, 1 thread, warm weights, times in ms, small-M kernel / tile + GEMM, both forced with
-// TERNARY_CPU_SMALL_M_MAX):
-//   bf16 x  Qwen3-0.6B gate_up (K 1024, N 6144): M 16 1.61 / 1.83, M 24 2.12 / 2.32, M 32 2.74 / 2.83,
-//           M 48 4.11 / 3.66; down (K 3072, N 1024): M 24 1.04 / 1.14, M 32 1.32 / 1.37, M 48 1.90 / 1.81;
-//           MiniLM qkv (384, 1152): M 16 0.140 / 0.141, M 24 0.195 / 0.173; o (384, 384): M 24
-//           0.072 / 0.076, M 32 0.089 / 0.086
-//   fp32 x  gate_up: M 32 5.90 / 8.11, M 64 13.2 / 13.2; down: M 32 3.52 / 3.60, M 64 6.53 / 8.54;
-//           MiniLM up: M 32 0.59 / 0.67, M 64 1.31 / 1.12; o: M 32 0.18 / 0.13 (shared machine)
-// bf16: the Qwen3 shapes cross over at 32-48, MiniLM's (short K: more per-tile work a row) at 16-32;
-// 24 sits between. fp32 loses past 32 (MKL's fp32 GEMM is further from its peak).
-// TERNARY_CPU_SMALL_M_MAX (read once per process) overrides both.
-constexpr int64_t kSmallMMaxBf16 = 24;
+// Largest M of the small-M kernel; past it, bf16 x takes the pair-major tile kernel and fp32 x
+// the tile + MKL GEMM. Measured on the 2-core AMD EPYC (Zen 4, avx512_bf16, no AMX; quiet, 1
+// thread, warm weights, us, small-M kernel / pair-major kernel):
+//   bf16 x  Qwen3-0.6B gate_up (K 1024, N 6144): M 2 357 / 474, M 3 573 / 621, M 4 667 / 548, M 6
+//           880 / 656; down (K 3072, N 1024): M 2 177 / 231, M 3 293 / 297, M 4 328 / 275; MiniLM
+//           up (384, 1536): M 2 52 / 52, M 3 77 / 68, M 4 84 / 60
+//   fp32 x  (ms, small-M kernel / tile + GEMM) gate_up: M 32 5.90 / 8.11, M 64 13.2 / 13.2; down:
+//           M 32 3.52 / 3.60, M 64 6.53 / 8.54; MiniLM up: M 32 0.59 / 0.67, M 64 1.31 / 1.12 (shared)
+// bf16: the pair-major kernel wins from M 3-4 on; fp32 loses past 32 (MKL's fp32 GEMM is further
+// from its peak). TERNARY_CPU_SMALL_M_MAX (read once per process) overrides both.
+constexpr int64_t kSmallMMaxBf16 = 2;
 constexpr int64_t kSmallMMaxF32 = 32;
+// The pair-major tile's bytes a thread: half of Zen 4's 1 MB L2, x's block taking a quarter.
+constexpr int64_t kPairTileBytes = 512 * 1024;
 // The large-M tile's dequantized bytes a thread: about one L2 (1 MB a core on Zen 4), its rows
 // a multiple of 64 (oneDNN's N blocking). Against 512 KB in multiples of 16 rows: even to 5 %
 // better on the Qwen3-0.6B layers at M 128-512, bf16, 1 thread (Qwen3 down M 512: 16.0 vs 17.1 ms).
@@ -133,6 +137,23 @@ std::string kernel_isa() {
   return capped_isa(avx512, "avx512_bf16");
 }
 
+// TERNARY_CPU_POISON=1 (read once per process): the output buffers the kernels fill start as
+// NaN, so a test sees any element they fail to write (tests/test_kernel_cpu*.py).
+bool poison_outputs() {
+  static const bool on = env_int("TERNARY_CPU_POISON", 0) != 0;
+  return on;
+}
+
+// Rows a tile of the tile kernels (bf16 pair-major, W2A8) for N rows: at most `fit` (what fits
+// the kernel's tile bytes), in
+// multiples of `multiple` (the register block), >= one tile a thread, and as many tiles as fit
+// rounded up to a multiple of the threads (at::parallel_for gives each thread a contiguous run:
+// 3 tiles on 2 threads left one thread a third of the work).
+int64_t balanced_tile_rows(int64_t N, int64_t fit, int64_t threads, int64_t multiple) {
+  const int64_t want = ((N + fit - 1) / fit + threads - 1) / threads * threads;
+  return ((N + want - 1) / want + multiple - 1) / multiple * multiple;
+}
+
 torch::Tensor gemm_cpu(const torch::Tensor& x,                  // [M, K] fp32 / bf16 / fp16
                        const torch::Tensor& packed_in,          // [N, ldp] uint8, ldp >= ceil(K/4)
                        const torch::Tensor& scale_in,           // [N, lds] fp16
@@ -153,6 +174,7 @@ torch::Tensor gemm_cpu(const torch::Tensor& x,                  // [M, K] fp32 /
   auto y = torch::empty({M, N}, x.options());
   if (M == 0 || N == 0) return y;
   if (K == 0) return bias ? y.copy_(bias->unsqueeze(0).expand({M, N})) : y.zero_();
+  if (poison_outputs()) y.fill_(std::numeric_limits<float>::quiet_NaN());
 #ifdef TERNARY_CPU_KERNELS
   const torch::Tensor packed = packed_in.contiguous(), scale = scale_in.contiguous();
   const torch::Tensor bias_f = bias ? bias->to(at::kFloat).contiguous() : torch::Tensor();  // [N] fp32
@@ -195,6 +217,29 @@ torch::Tensor gemm_cpu(const torch::Tensor& x,                  // [M, K] fp32 /
       }
     });
     if (dt != at::kFloat) y.copy_(yf);
+    return y;
+  }
+
+  if (bf16 && k_offset % 2 == 0 && block_size % 2 == 0) {  // pair-major: no scale block cuts a pair
+    // x once, zero-padded to whole chunks: [M, kc] bf16
+    const auto xin = torch::zeros({M, kc}, x.options());
+    xin.narrow(1, 0, K).copy_(x);
+    const PairPlan pplan = make_pair_plan(K, block_size, k_offset);
+    const int64_t S = static_cast<int64_t>(pplan.segments.size());
+    const auto* xb = reinterpret_cast<const uint16_t*>(xin.data_ptr<at::BFloat16>());
+    auto* yb = reinterpret_cast<uint16_t*>(y.data_ptr<at::BFloat16>());
+    const int64_t threads = at::get_num_threads();
+    const int64_t rows = balanced_tile_rows(N, std::max<int64_t>(32, kPairTileBytes / (kc * 2) / 32 * 32), threads, 32);
+    const int64_t tiles = (N + rows - 1) / rows;
+    at::parallel_for(0, tiles, 1, [&](int64_t t0, int64_t t1) {
+      const at::AutoDispatchBelowADInplaceOrView below_autograd;  // worker threads: fresh dispatch state
+      // 64-byte aligned (zmm stores of the pair vectors): torch's CPU allocator aligns to 64
+      const auto tile = torch::empty({rows, kc}, x.options());                       // [rows / 16, kc / 2, 16, 2]
+      const auto ws = torch::empty({rows / 16, S, 16}, x.options().dtype(at::kFloat));  // the tile's scales
+      for (int64_t t = t0; t < t1; ++t)
+        pair_rows_bf16(p, pplan, xb, kc, t * rows, std::min(N, (t + 1) * rows),
+                       reinterpret_cast<uint16_t*>(tile.data_ptr<at::BFloat16>()), ws.data_ptr<float>(), yb);
+    });
     return y;
   }
 
@@ -260,22 +305,6 @@ std::string w2a8_isa() {
 constexpr int64_t kW8SmallMMax = 2;
 // The u8 tile a thread decodes: about a quarter of Zen 4's 1 MB L2, leaving room for x's rows.
 constexpr int64_t kW8TileBytes = 256 * 1024;
-
-// TERNARY_CPU_POISON=1 (read once per process): the output buffers the kernel fills start as
-// NaN, so a test sees any element it fails to write (tests/test_kernel_cpu_w2a8.py).
-bool poison_outputs() {
-  static const bool on = env_int("TERNARY_CPU_POISON", 0) != 0;
-  return on;
-}
-
-// Rows a tile of the W2A8 tile kernels for N rows: at most `fit` (what fits kW8TileBytes), in
-// multiples of `multiple` (the register block), >= one tile a thread, and as many tiles as fit
-// rounded up to a multiple of the threads (at::parallel_for gives each thread a contiguous run:
-// 3 tiles on 2 threads left one thread a third of the work).
-int64_t balanced_tile_rows(int64_t N, int64_t fit, int64_t threads, int64_t multiple) {
-  const int64_t want = ((N + fit - 1) / fit + threads - 1) / threads * threads;
-  return ((N + want - 1) / want + multiple - 1) / multiple * multiple;
-}
 
 int64_t w8_small_m_max() {
   static const int64_t forced = env_int("TERNARY_CPU_W2A8_SMALL_M_MAX", -1);

@@ -16,12 +16,6 @@ namespace ternary_cpu {
 constexpr int64_t kRows = 4;     // W rows a small-M task decodes once and runs every x row over
 constexpr int64_t kChunk = 32;   // weights a decode covers: 8 packed bytes
 constexpr int64_t kPiece = 1024; // weights of K a small-M task decodes before running x over them
-// bf16 x, small M: up to kExactMaxBf16 rows of x multiply the codes and apply each block's fp32
-// scale to the block's fp32 sum (the reference's numerics); more rows multiply W decoded once per
-// piece with its scales in bf16 (value * scale rounded, as the large-M tile), kScaledRows x rows
-// at a time (24 accumulators of 4 W rows x 6 x rows, no per-block sums: twice the register tile).
-constexpr int64_t kExactMaxBf16 = 2;
-constexpr int64_t kScaledRows = 6;
 
 // A run of local columns inside one scale block and one piece: chunks [c0, c1), the first and
 // last masked to the segment's lanes (bit i: column 32c + i belongs to it). Chunks cut by a
@@ -42,6 +36,17 @@ struct Plan {
   int64_t max_entries = 0, max_segments = 0;  // of one piece
 };
 Plan make_plan(int64_t K, int64_t block_size, int64_t k_offset);
+
+// The pair-major kernel's segmentation of K: one segment a scale block, in pairs of columns
+// [q0, q1) (the last pair of an odd K half past it, where x is zero). Needs block boundaries on
+// even columns: k_offset and block_size even.
+struct PairSegment {
+  int64_t block, q0, q1;
+};
+struct PairPlan {
+  std::vector<PairSegment> segments;
+};
+PairPlan make_pair_plan(int64_t K, int64_t block_size, int64_t k_offset);
 
 struct Problem {
   int64_t M, N, K;
@@ -151,6 +156,14 @@ void small_m_f32(const Problem& p, const float* xf, int64_t ldx, float* y, int64
 //   tile: [rows, ldt] bf16 bits / fp32, ldt >= 32 * ceil(K/32); columns past K left as they were
 void dequantize_rows_bf16(const Problem& p, int64_t n0, int64_t rows, uint16_t* tile, int64_t ldt);
 void dequantize_rows_f32(const Problem& p, int64_t n0, int64_t rows, float* tile, int64_t ldt);
+// Past small M, bf16 x, blocks on even columns (k_offset and block_size even): W rows [n0, n1)
+// decoded once into tile, pair-major ([ceil(rows / 16), kc / 2, 16, 2] bf16 +-1 / 0: 16 W rows x
+// 2 columns a vector, the layout vdpbf16ps multiplies by a broadcast pair of x) with their scales
+// in ws ([ceil(rows / 16), S, 16] fp32); every x row run over them, a scale block at a time:
+// y[m, n] = sum_b scale[n, b] * (x . codes)_b + bias, fp32 sums rounded once to bf16.
+//   xb: [M, kc] bf16 bits, zero-padded to whole chunks; y: [M, N] bf16 bits
+void pair_rows_bf16(const Problem& p, const PairPlan& plan, const uint16_t* xb, int64_t kc, int64_t n0, int64_t n1,
+                    uint16_t* tile, float* ws, uint16_t* y);
 
 // The AVX2 versions (ternary_cpu_avx2.cpp): x in fp32 for every input dtype.
 void small_m_avx2(const Problem& p, const float* xf, int64_t ldx, float* y, int64_t t0, int64_t t1);

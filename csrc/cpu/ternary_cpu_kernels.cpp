@@ -17,23 +17,24 @@
 //  4 W   | seg    | seg    | seg    |           |        |             segment = one scale block
 //  rows  | blk 0  | blk 1  | blk 2  |           |        |             (inside one piece)
 //        +--------+--------+--------+--- ... ---+--------+---------
-//   bf16 x, M <= kExactMaxBf16 (1-2 rows): acc[4][M] = vdpbf16ps(x, codes +-1) over a segment's
-//             chunks, decoded in registers (exact products, fp32 sums), then sum += acc * scale
-//             once a segment, as the reference weighs a block: fp32 accumulation and one fp32
-//             product per block.
-//   bf16 x, more rows: the piece decoded once with its scales, value * scale rounded to bf16 as
-//             the large-M tile has it (decode_piece_scaled: wbuf [4, chunks, 32], 8 KB, L1), then
-//             kScaledRows = 6 x rows at a time: sum[4][6] += vdpbf16ps(x, w), 24 accumulators
-//             and no per-block sums. Against the exact path's 2 rows a group (wbuf of codes,
-//             acc and sum): Qwen3-0.6B gate_up M 16 2.03 -> 1.61 ms, M 32 4.11 -> 2.74 ms (1
-//             thread, warm weights; docs/kernel.md).
+//   bf16 x (1-2 rows): acc[4][2] = vdpbf16ps(x, codes +-1) over a segment's chunks, decoded in
+//             registers (exact products, fp32 sums), then sum += acc * scale once a segment, as
+//             the reference weighs a block: fp32 accumulation and one fp32 product per block.
 //   fp32 x, 4 rows a group: sum[4][4] += x * (+-scale) with vfmadd (fp16 scale * +-1 is exact
 //             in fp32); the first group decodes the piece and, where more groups follow, keeps it
 //             in wbuf ([4, entries, 32], 16 KB: L1) for the others.
 //   The sums wait in tot ([4, M, 16] fp32) between pieces; each is reduced across its 16 lanes
 //   once, at the end.
 //
-// Large M: dequantize_rows_* writes a tile of W rows (value * scale) for ternary_cpu.cpp's GEMM.
+// Past small M, bf16 x (pair_rows_bf16): a thread decodes its W rows once into a pair-major tile
+// (decode_pairs16: 16 W rows x 2 columns a zmm, codes as bf16 +-1 / 0, the scales beside in fp32)
+// and runs every x row over it, oneDNN's register blocking without its per-call packing: 32 W
+// rows x 6 x rows a block, a broadcast pair of x times two weight vectors, 12 vdpbf16ps for 2
+// weight loads and 6 broadcasts, each scale block's exact sum times its scale (the small-M
+// numerics). Against the small-M kernel past M 2 and the oneDNN tile it replaced: docs/kernel.md.
+//
+// The other large-M paths (fp32 x; bf16 x whose scale blocks cut a pair, odd k_offset or
+// block_size): dequantize_rows_* writes a tile of W rows (value * scale) for ternary_cpu.cpp's GEMM.
 
 #include "ternary_cpu.h"
 #include "ternary_cpu_tiles.h"
@@ -142,7 +143,7 @@ uint16_t bf16_round(float v) {  // round to nearest even (finite v: scales are f
   return static_cast<uint16_t>((u + 0x7FFF + ((u >> 16) & 1)) >> 16);
 }
 
-// One piece, x rows [m0, m0 + MT) (MT <= kExactMaxBf16), bf16 x, the codes decoded in registers.
+// One piece, x rows [m0, m0 + MT) (MT <= 2), bf16 x, the codes decoded in registers.
 //   sc: [kRows, S] fp32 scales of the piece's S segments; xb: [M, ldx] bf16; tot: [kRows, M, 16] fp32
 template <int MT>
 TERNARY_AVX512 void group_bf16(const Plan& plan, const Piece& piece, const Rows& rows, const float* sc,
@@ -252,75 +253,18 @@ TERNARY_AVX512 void store_sums(const Problem& p, const float* tot, int64_t n0, f
   }
 }
 
-// The piece's chunks [c0, c0 + C) of the tile's W rows decoded with their scales into wbuf
-// ([kRows, C, 32] bf16: value * scale rounded to bf16, as dequantize_rows_bf16 writes them).
-// The segments of a chunk cut by a block boundary fill its lanes together; the lanes past K of
-// the piece's last chunk stay 0.
-TERNARY_AVX512 void decode_piece_scaled(const Plan& plan, const Piece& piece, const Rows& rows, const float* sc,
-                                        uint16_t* wbuf, int64_t c0, int64_t C) {
-  const __m512i ctrl = ctrl_w16();
-  const int64_t S = piece.s1 - piece.s0;
-  for (int r = 0; r < kRows; ++r) {
-    uint16_t* dst = wbuf + r * C * kChunk - c0 * kChunk;
-    _mm512_storeu_si512(dst + (c0 + C - 1) * kChunk, _mm512_setzero_si512());
-    for (int64_t s = piece.s0; s < piece.s1; ++s) {
-      const Segment seg = plan.segments[s];
-      const float v = sc[r * S + (s - piece.s0)];
-      const __m512i table = table_w16(bf16_round(v), bf16_round(-v));
-      for (int64_t c = seg.c0; c < seg.c1; ++c) {
-        const uint32_t lanes = chunk_lanes(seg, c);
-        _mm512_mask_storeu_epi16(dst + c * kChunk, lanes, decode_bf16(chunk_bits(rows.packed[r], c), lanes, ctrl, table));
-      }
-    }
-  }
-}
-
-// x rows [m0, m0 + MT) over the piece's C chunks of scaled W in wbuf: tot[r, m] += x . w (fp32).
-template <int MT>
-TERNARY_AVX512 void group_bf16_scaled(const uint16_t* wbuf, int64_t C, const uint16_t* xb, int64_t ldx, int64_t M,
-                                      int64_t m0, float* tot, bool first) {
-  __m512 sum[kRows][MT];
-  for (int r = 0; r < kRows; ++r)
-    for (int i = 0; i < MT; ++i) sum[r][i] = first ? _mm512_setzero_ps() : _mm512_loadu_ps(tot + (r * M + m0 + i) * 16);
-  const uint16_t* xrow = xb + m0 * ldx;
-  for (int64_t c = 0; c < C; ++c) {
-    __m512bh xv[MT];
-    for (int i = 0; i < MT; ++i) xv[i] = (__m512bh)_mm512_loadu_si512(xrow + i * ldx + c * kChunk);
-    for (int r = 0; r < kRows; ++r) {
-      const __m512bh w = (__m512bh)_mm512_load_si512(wbuf + (r * C + c) * kChunk);
-      for (int i = 0; i < MT; ++i) sum[r][i] = _mm512_dpbf16_ps(sum[r][i], xv[i], w);
-    }
-  }
-  for (int r = 0; r < kRows; ++r)
-    for (int i = 0; i < MT; ++i) _mm512_storeu_ps(tot + (r * M + m0 + i) * 16, sum[r][i]);
-}
-
 }  // namespace
 
 void small_m_bf16(const Problem& p, const uint16_t* xb, int64_t ldx, float* y, int64_t t0, int64_t t1) {
   const Plan& plan = *p.plan;
-  if (p.M > kExactMaxBf16) {
-    tiles::small_m_tiles<uint16_t>(p, 16, t0, t1, [&](const Piece& piece, const Rows& rows, const float* sc,
-                                                       uint16_t* wbuf, float* tot, bool first) {
-      const int64_t c0 = plan.segments[piece.s0].c0, C = plan.segments[piece.s1 - 1].c1 - c0;
-      decode_piece_scaled(plan, piece, rows, sc, wbuf, c0, C);
-      const uint16_t* xp = xb + c0 * kChunk;
-      for (int64_t m0 = 0; m0 < p.M; m0 += kScaledRows) {
-        switch (std::min<int64_t>(kScaledRows, p.M - m0)) {
-#define TERNARY_CASE(MT) case MT: group_bf16_scaled<MT>(wbuf, C, xp, ldx, p.M, m0, tot, first); break;
-          TERNARY_CASE(6) TERNARY_CASE(5) TERNARY_CASE(4) TERNARY_CASE(3) TERNARY_CASE(2)
-          default: group_bf16_scaled<1>(wbuf, C, xp, ldx, p.M, m0, tot, first); break;
-#undef TERNARY_CASE
-        }
-      }
-    }, [&](const float* tot, int64_t n0) { store_sums(p, tot, n0, y); });
-    return;
-  }
-  // 1 or 2 x rows: 4 x 2 accumulators and 4 x 2 sums, with the x and weight registers, fit the 32 zmm
+  // 2 x rows a group: 4 x 2 accumulators and 4 x 2 sums, with the x and weight registers, fit
+  // the 32 zmm (M <= 2 by the op's rule; more only where TERNARY_CPU_SMALL_M_MAX forces it)
   tiles::small_m_tiles<uint16_t>(p, 16, t0, t1, [&](const Piece& piece, const Rows& rows, const float* sc,
                                                      uint16_t*, float* tot, bool first) {
-    if (p.M == 2) group_bf16<2>(plan, piece, rows, sc, xb, ldx, p.M, 0, tot, first);
-    else group_bf16<1>(plan, piece, rows, sc, xb, ldx, p.M, 0, tot, first);
+    for (int64_t m0 = 0; m0 < p.M; m0 += 2) {
+      if (p.M - m0 >= 2) group_bf16<2>(plan, piece, rows, sc, xb, ldx, p.M, m0, tot, first);
+      else group_bf16<1>(plan, piece, rows, sc, xb, ldx, p.M, m0, tot, first);
+    }
   }, [&](const float* tot, int64_t n0) { store_sums(p, tot, n0, y); });
 }
 
@@ -388,6 +332,144 @@ TERNARY_AVX512 void dequantize_rows_f32(const Problem& p, int64_t n0, int64_t ro
       }
     }
   }
+}
+
+namespace {
+
+// Chunk c (8 packed bytes: 32 codes) of 16 W rows to 16 pair vectors at out, pair-major: vector
+// j = columns 32c + 2j, 32c + 2j + 1 of the 16 rows (row r in dword r, as bf16 +-1 / 0). The 16
+// qwords sit in two zmm; for each packed byte b, vpermt2b copies row r's byte b into both bytes
+// of words 2r and 2r + 1, vpsrlvw moves the word's code to its low bits (pair 2b: shifts 0 and
+// 2, pair 2b + 1: 4 and 6), vpermw reads the value from a table whose entry e is value(e & 3)
+// (the higher index bits, the next codes, ignored; the reserved 11 reads as 0, as
+// format.unpack_ternary). 3.5 instructions and a store per 32 weights.
+TERNARY_AVX512 inline void decode_pairs16(const uint8_t* const* rows, int64_t c, uint16_t* out) {
+  const __m512i a = _mm512_set_epi64(
+      static_cast<long long>(chunk_bits(rows[7], c)), static_cast<long long>(chunk_bits(rows[6], c)),
+      static_cast<long long>(chunk_bits(rows[5], c)), static_cast<long long>(chunk_bits(rows[4], c)),
+      static_cast<long long>(chunk_bits(rows[3], c)), static_cast<long long>(chunk_bits(rows[2], c)),
+      static_cast<long long>(chunk_bits(rows[1], c)), static_cast<long long>(chunk_bits(rows[0], c)));
+  const __m512i b = _mm512_set_epi64(
+      static_cast<long long>(chunk_bits(rows[15], c)), static_cast<long long>(chunk_bits(rows[14], c)),
+      static_cast<long long>(chunk_bits(rows[13], c)), static_cast<long long>(chunk_bits(rows[12], c)),
+      static_cast<long long>(chunk_bits(rows[11], c)), static_cast<long long>(chunk_bits(rows[10], c)),
+      static_cast<long long>(chunk_bits(rows[9], c)), static_cast<long long>(chunk_bits(rows[8], c)));
+  // byte k of the index: row k / 4's byte 0 in the 128 bytes of (a, b), 8 (k / 4); + byte below
+  const __m512i base = _mm512_set_epi64(0x7878787870707070ll, 0x6868686860606060ll, 0x5858585850505050ll,
+                                        0x4848484840404040ll, 0x3838383830303030ll, 0x2828282820202020ll,
+                                        0x1818181810101010ll, 0x0808080800000000ll);
+  const __m512i shift_lo = _mm512_set1_epi32(0x00020000), shift_hi = _mm512_set1_epi32(0x00060004);
+  const __m512i table = table_w16(0x3F80, 0xBF80);  // bf16 +1, -1
+  for (int byte = 0; byte < 8; ++byte) {
+    const __m512i z = _mm512_permutex2var_epi8(a, _mm512_add_epi8(base, _mm512_set1_epi8(static_cast<char>(byte))), b);
+    _mm512_store_si512(out + (2 * byte) * 32, _mm512_permutexvar_epi16(_mm512_srlv_epi16(z, shift_lo), table));
+    _mm512_store_si512(out + (2 * byte + 1) * 32, _mm512_permutexvar_epi16(_mm512_srlv_epi16(z, shift_hi), table));
+  }
+}
+
+// One register block of the pair-major kernel: NV groups of 16 W rows (lanes) x MT x rows, over
+// all of K, a scale block at a time: exact products (x times +-1) summed in fp32 over the
+// block's pairs, then sum += acc * scale once a block, as the reference weighs a block.
+//   tile: [NV][pairs, 16, 2] bf16 at stride ldg; ws: [NV][S, 16] fp32 at stride S * 16;
+//   x2: x rows as dwords (bf16 pairs), ldx2 apart; y: [M, ldy] bf16; bias: fp32 from the block's first row, or nullptr
+template <int NV, int MT>
+TERNARY_AVX512 void pair_block(const uint16_t* tile, int64_t ldg, const PairSegment* segs, int64_t S, const float* ws,
+                               const int32_t* x2, int64_t ldx2, const float* bias, int64_t valid, uint16_t* y,
+                               int64_t ldy) {
+  __m512 sum[NV][MT];
+  for (int v = 0; v < NV; ++v)
+    for (int i = 0; i < MT; ++i) sum[v][i] = _mm512_setzero_ps();
+  for (int64_t s = 0; s < S; ++s) {
+    __m512 acc[NV][MT];
+    for (int v = 0; v < NV; ++v)
+      for (int i = 0; i < MT; ++i) acc[v][i] = _mm512_setzero_ps();
+    for (int64_t q = segs[s].q0; q < segs[s].q1; ++q) {
+      __m512bh w[NV];
+      for (int v = 0; v < NV; ++v) w[v] = (__m512bh)_mm512_load_si512(tile + v * ldg + q * 32);
+      for (int i = 0; i < MT; ++i) {
+        const __m512bh xb = (__m512bh)_mm512_set1_epi32(x2[i * ldx2 + q]);
+        for (int v = 0; v < NV; ++v) acc[v][i] = _mm512_dpbf16_ps(acc[v][i], w[v], xb);
+      }
+    }
+    for (int v = 0; v < NV; ++v) {
+      const __m512 scale = _mm512_load_ps(ws + (v * S + s) * 16);
+      for (int i = 0; i < MT; ++i) sum[v][i] = _mm512_fmadd_ps(acc[v][i], scale, sum[v][i]);
+    }
+  }
+  for (int v = 0; v < NV; ++v) {
+    const int64_t lanes = std::clamp<int64_t>(valid - 16 * v, 0, 16);
+    if (lanes == 0) break;
+    const __mmask16 mask = static_cast<__mmask16>((1u << lanes) - 1);
+    const __m512 b = bias ? _mm512_maskz_loadu_ps(mask, bias + 16 * v) : _mm512_setzero_ps();
+    for (int i = 0; i < MT; ++i)
+      _mm256_mask_storeu_epi16(y + i * ldy + 16 * v, mask, (__m256i)_mm512_cvtneps_pbh(_mm512_add_ps(sum[v][i], b)));
+  }
+}
+
+template <int NV>
+TERNARY_AVX512 void pair_all_m(const uint16_t* tile, int64_t ldg, const PairSegment* segs, int64_t S, const float* ws,
+                               const int32_t* x2, int64_t ldx2, int64_t m_begin, int64_t m_end, const float* bias,
+                               int64_t valid, uint16_t* y, int64_t ldy) {
+  // 2 x 16 W rows and 6 x rows: 12 accumulators, 12 sums, 2 weight vectors, an x broadcast and
+  // a scale vector in the 32 zmm; 12 vdpbf16ps for 2 weight loads and 6 broadcasts
+  int64_t m0 = m_begin;
+  for (; m0 + 6 <= m_end; m0 += 6)
+    pair_block<NV, 6>(tile, ldg, segs, S, ws, x2 + m0 * ldx2, ldx2, bias, valid, y + m0 * ldy, ldy);
+  switch (m_end - m0) {
+#define TERNARY_CASE(MT)                                                                                    \
+  case MT: pair_block<NV, MT>(tile, ldg, segs, S, ws, x2 + m0 * ldx2, ldx2, bias, valid, y + m0 * ldy, ldy); \
+    break;
+    TERNARY_CASE(5) TERNARY_CASE(4) TERNARY_CASE(3) TERNARY_CASE(2) TERNARY_CASE(1)
+#undef TERNARY_CASE
+    default: break;
+  }
+}
+
+}  // namespace
+
+TERNARY_AVX512 void pair_rows_bf16(const Problem& p, const PairPlan& plan, const uint16_t* xb, int64_t kc, int64_t n0,
+                                   int64_t n1, uint16_t* tile, float* ws, uint16_t* y) {
+  const int64_t pairs = kc / 2, rows = n1 - n0, groups = (rows + 15) / 16, S = plan.segments.size();
+  const int64_t ldg = pairs * 32;  // a group's bf16 values: [pairs, 16, 2]
+  const std::vector<uint8_t> zero_row(kc / 4, 0);
+  for (int64_t g = 0; g < groups; ++g) {
+    const uint8_t* src[16];
+    for (int r = 0; r < 16; ++r) src[r] = 16 * g + r < rows ? p.row(n0 + 16 * g + r) : zero_row.data();
+    for (int64_t c = 0; c < kc / kChunk; ++c) decode_pairs16(src, c, tile + g * ldg + c * 16 * 32);
+    // missing rows of the last group: scale 0
+    for (int64_t s = 0; s < S; ++s)
+      for (int r = 0; r < 16; ++r)
+        ws[(g * S + s) * 16 + r] =
+            16 * g + r < rows ? half_to_float(p.scale[(n0 + 16 * g + r) * p.lds + plan.segments[s].block]) : 0.f;
+  }
+  // x rows in blocks of <= kXBlockBytes (L2, beside the tile), 2 groups (32 W rows) a register
+  // block, the block's x rows 6 at a time inside (the W2A8 tile kernel's order)
+  constexpr int64_t kXBlockBytes = 256 * 1024;
+  const int64_t mb = std::max<int64_t>(6, kXBlockBytes / (kc * 2) / 6 * 6);
+  const int32_t* x2 = reinterpret_cast<const int32_t*>(xb);
+  const PairSegment* segs = plan.segments.data();
+  for (int64_t m_begin = 0; m_begin < p.M; m_begin += mb) {
+    const int64_t m_end = std::min(p.M, m_begin + mb);
+    for (int64_t g = 0; g < groups; g += 2) {
+      const int64_t valid = std::min<int64_t>(32, rows - 16 * g), n = n0 + 16 * g;
+      const float* bias = p.bias ? p.bias + n : nullptr;
+      if (g + 1 < groups)
+        pair_all_m<2>(tile + g * ldg, ldg, segs, S, ws + g * S * 16, x2, pairs, m_begin, m_end, bias, valid, y + n, p.N);
+      else
+        pair_all_m<1>(tile + g * ldg, ldg, segs, S, ws + g * S * 16, x2, pairs, m_begin, m_end, bias, valid, y + n, p.N);
+    }
+  }
+}
+
+PairPlan make_pair_plan(int64_t K, int64_t block_size, int64_t k_offset) {
+  PairPlan plan;
+  for (int64_t j = 0; j < K;) {
+    const int64_t block = (k_offset + j) / block_size;
+    const int64_t j1 = std::min(K, (block + 1) * block_size - k_offset);
+    plan.segments.push_back({block, j / 2, (j1 + 1) / 2});
+    j = j1;
+  }
+  return plan;
 }
 
 #else  // not x86-64: no kernels (ternary_cpu.h), the op refuses to run
