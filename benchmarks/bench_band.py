@@ -10,8 +10,11 @@ back-to-back calls, inputs rotated past 2x L2, median of --replays replays):
 - ours_us: this repository's kernels on the ternary layout (torch.ops.ternary_serve.gemm);
 - cublas_bf16_us: torch.mm on the dequantized bf16 weight;
 - humming_w2a16_us / humming_w2a8_us: Humming int2 group 128 on the same codes and scales
-  (ternary_plugin/humming_backend.py), bf16 activations / int8 activations per token (null where
-  humming-kernels is not importable);
+  (ternary_plugin/humming_backend.py), bf16 activations / int8 activations per token, with Humming's
+  own heuristic tiles: the peer a vLLM user gets (null where humming-kernels is not importable);
+- humming_w2a16_tiles_us / humming_w2a8_tiles_us: the same with the tiles ternary_plugin/humming_tiles.json
+  measured for the layer on this GPU, as the op runs Humming (`tiles` says where the table has the
+  layer; elsewhere the heuristic's time again);
 - ours_w2a8_us: this repository's s8 wgmma kernel (torch.ops.ternary_serve.gemm_w2a8_path, auto
   tiling; activation quantization included), and with --s8-sweep its time at each k_split
   (`s8_split_us`) where M <= 1024;
@@ -44,7 +47,7 @@ MODELS = {
 }
 MS = [1, 4, 16, 32, 64, 128, 256, 512, 1024, 4096, 16384]
 KEYS = ("ternary_us", "ours_us", "both_us", "cublas_bf16_us", "humming_w2a16_us", "humming_w2a8_us",
-        "ours_w2a8_us", "ternary_w2a8_us")
+        "humming_w2a16_tiles_us", "humming_w2a8_tiles_us", "ours_w2a8_us", "ternary_w2a8_us")
 
 
 def _rel(y: torch.Tensor, ref: torch.Tensor) -> float:
@@ -77,15 +80,25 @@ def bench_layer(model, layer, k, n, m, l2, replays, humming_ok, s8_sweep=False):
                                                                          128, 0) for i in range(copies_t)], replays)
     row["cublas_bf16_us"] = time_graph([lambda i=i: torch.mm(xs[i % len(xs)], ws[i].t()) for i in range(copies_b)],
                                        replays)
-    row["humming_w2a16_us"] = row["humming_w2a8_us"] = None
+    row["humming_w2a16_us"] = row["humming_w2a8_us"] = row["humming_w2a16_tiles_us"] = row["humming_w2a8_tiles_us"] = None
+    row["tiles"] = {}
     if humming_ok:
-        for mode, key in ((None, "humming_w2a16_us"), ("int8", "humming_w2a8_us")):
+        for mode, key in ((None, "humming_w2a16"), ("int8", "humming_w2a8")):
             layers = [humming_backend.build_layer(packs[i], scales[i], None, k, torch.bfloat16, mode)
                       for i in range(copies_t)]
-            err = _rel(layers[0](xs[0]), ref)
-            errors[key.removesuffix("_us")] = err
-            if err < (1e-2 if mode is None else 3e-2):
-                row[key] = time_graph([lambda i=i: layers[i](xs[i % len(xs)]) for i in range(copies_t)], replays)
+            tiled = layers[0].ternary_tiles is not None  # humming_tiles.json has the layer: the op takes those
+            row["tiles"]["w2a8" if mode else "w2a16"] = tiled
+            bound = 1e-2 if mode is None else 3e-2
+            # Humming's own heuristic (tuning_config=None), then, where the table has the layer, the op's tiles
+            for tiles, col in ((None, key), *(((True, key + "_tiles"),) if tiled else ())):
+                kw = {} if tiles else {"tuning_config": None}
+                err = _rel(layers[0](xs[0], **kw), ref)
+                errors[col] = err
+                if err < bound:
+                    row[col + "_us"] = time_graph([lambda i=i: layers[i](xs[i % len(xs)], **kw)
+                                                   for i in range(copies_t)], replays)
+            if not tiled:
+                row[key + "_tiles_us"] = row[key + "_us"]
             del layers
     dev = dispatch.device_of(0)
     row["ours_w2a8_us"] = None
@@ -105,12 +118,11 @@ def bench_layer(model, layer, k, n, m, l2, replays, humming_ok, s8_sweep=False):
                 row["s8_split_us"] = {s: round(time_graph([lambda i=i, s=s: torch.ops.ternary_serve.gemm_w2a8_path(
                     xs[i % len(xs)], packs[i], scales[i], None, 128, 0, k_split=s) for i in range(copies_t)],
                     replays), 3) for s in (1, 2, 4, 8) if s <= steps}
-    layout, why = dispatch.plan_layout(n, k, 128, 0, dev, backend="auto", humming_importable=humming_ok)
-    layout8, _ = dispatch.plan_layout(n, k, 128, 0, dev, backend="auto", humming_importable=humming_ok,
-                                      activation_dtype="int8")
+    layout, why = dispatch.plan_layout(n, k, 128, 0, dev, backend="auto", humming_importable=humming_ok,
+                                       humming_tiles=row["tiles"].get("w2a16", False))
     row["layout"], row["layout_why"] = layout, why
     row["backend"] = "humming int2" if layout == "humming" else f"ternary: {row['ours_kernel']}"
-    row["ternary_us"] = row["humming_w2a16_us"] if layout == "humming" else row["ours_us"]
+    row["ternary_us"] = _humming(row, "w2a16") if layout == "humming" else row["ours_us"]
     derive_both(row, dev, humming_ok)
     derive_w2a8(row, dev, humming_ok)
     for key in KEYS:
@@ -119,6 +131,13 @@ def bench_layer(model, layer, k, n, m, l2, replays, humming_ok, s8_sweep=False):
     row["rel_err"] = {key: float(f"{v:.3e}") for key, v in errors.items()}
     row["speedup_vs_cublas"] = round(row["cublas_bf16_us"] / row["ternary_us"], 3) if row["ternary_us"] else None
     return row
+
+
+def _humming(row: dict, mode: str) -> float | None:
+    """Humming's time as the op runs it: with humming_tiles.json's tiles where it has the layer
+    (results older than the table: Humming's heuristic)."""
+    tiled = row.get(f"humming_{mode}_tiles_us")
+    return tiled if tiled is not None else row[f"humming_{mode}_us"]
 
 
 def derive_both(row: dict, dev, humming_ok: bool) -> None:
@@ -131,7 +150,7 @@ def derive_both(row: dict, dev, humming_ok: bool) -> None:
     both = dispatch.plan_layout(n, k, 128, 0, dev, backend="both", humming_importable=humming_ok)[0]
     pick = dispatch.plan(dispatch.Call(m, n, k), dev, "both").backend if both == "both" else "ternary"
     row["both_backend"] = pick
-    row["both_us"] = row["humming_w2a16_us"] if pick == "humming" else row["ours_us"]
+    row["both_us"] = _humming(row, "w2a16") if pick == "humming" else row["ours_us"]
 
 
 def derive_w2a8(row: dict, dev, humming_ok: bool) -> None:
@@ -141,10 +160,10 @@ def derive_w2a8(row: dict, dev, humming_ok: bool) -> None:
 
     m, n, k = row["M"], row["N"], row["K"]
     layout8, _ = dispatch.plan_layout(n, k, 128, 0, dev, backend="auto", humming_importable=humming_ok,
-                                      activation_dtype="int8")
+                                      activation_dtype="int8", humming_tiles=row.get("tiles", {}).get("w2a8", False))
     pick8 = dispatch.plan_w2a8(dispatch.Call(m, n, k), dev, layout8).backend
     row["w2a8_layout"], row["w2a8_backend"] = layout8, pick8
-    row["ternary_w2a8_us"] = {"humming": row["humming_w2a8_us"], "ternary": row.get("ours_w2a8_us")}.get(pick8)
+    row["ternary_w2a8_us"] = {"humming": _humming(row, "w2a8"), "ternary": row.get("ours_w2a8_us")}.get(pick8)
 
 
 def derive(path: Path) -> None:
@@ -196,19 +215,20 @@ def markdown(result: dict) -> str:
              "plugin runs by default (its layout and dispatch), `ours` this repository's kernels on the ternary "
              "layout, `both layouts` the plugin with TERNARY_GPU_BACKEND=both (twice the packed bytes on the "
              "layers that take it; per M the kernel of band H2, its time the timed one of that kernel):", "",
-             "| model | M | op | ours | op, both layouts | Humming w2a16 | op W2A8 | ours W2A8 | Humming w2a8 | op us | "
-             "cuBLAS us |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| model | M | op | ours | op, both layouts | Humming w2a16 | op W2A8 | ours W2A8 | Humming w2a8 | "
+             "Humming w2a8, measured tiles | op us | op W2A8 us | cuBLAS us |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for e in result["per_layer"]:
         lines.append(f"| {e['model']} | {e['M']} | {_x(e['speedup_ternary'])} | {_x(e['speedup_ours'])} | "
                      f"{_x(e['speedup_both'])} | "
                      f"{_x(e['speedup_humming_w2a16'])} | {_x(e['speedup_ternary_w2a8'])} | "
                      f"{_x(e.get('speedup_ours_w2a8'))} | "
-                     f"{_x(e['speedup_humming_w2a8'])} | {e['ternary_us']} | {e['cublas_bf16_us']} |")
+                     f"{_x(e['speedup_humming_w2a8'])} | {_x(e.get('speedup_humming_w2a8_tiles'))} | "
+                     f"{e['ternary_us']} | {e['ternary_w2a8_us']} | {e['cublas_bf16_us']} |")
     lines += ["", "Per layer (us):", "",
-              "| model | layer | M | K | N | op | backend | ours | cuBLAS bf16 | Humming w2a16 | Humming w2a8 | ours w2a8 "
-              "(by k_split) | rel. err. |",
-              "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+              "| model | layer | M | K | N | op | backend | ours | cuBLAS bf16 | Humming w2a16 | Humming w2a8 | Humming w2a8, "
+              "measured tiles | op W2A8 | ours w2a8 (by k_split) | rel. err. |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in result["rows"]:
         errs = ", ".join(f"{k} {v:.1e}" for k, v in r["rel_err"].items())
         sweep = r.get("s8_split_us")
@@ -216,7 +236,9 @@ def markdown(result: dict) -> str:
                                                    if sweep else "")
         lines.append(f"| {r['model']} | {r['layer']} | {r['M']} | {r['K']} | {r['N']} | {r['ternary_us']} | "
                      f"{r['backend']} | {r['ours_us']} | {r['cublas_bf16_us']} | {r['humming_w2a16_us'] or '-'} | "
-                     f"{r['humming_w2a8_us'] or '-'} | {s8} | {errs} |")
+                     f"{r['humming_w2a8_us'] or '-'} | "
+                     f"{r.get('humming_w2a8_tiles_us') if r.get('tiles', {}).get('w2a8') else '-'} | "
+                     f"{r['ternary_w2a8_us'] or '-'} ({r.get('w2a8_backend', '-')}) | {s8} | {errs} |")
     return "\n".join(lines) + "\n"
 
 
@@ -231,7 +253,9 @@ def warm_humming(model: str, layer: str, ms: list[int]) -> None:
     for mode in (None, "int8"):
         hl = humming_backend.build_layer(packs[0], scales[0], None, k, torch.bfloat16, mode)
         for m in ms:
-            hl(torch.randn(m, k, device="cuda", dtype=torch.bfloat16))
+            x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+            hl(x)  # the measured tiles, where humming_tiles.json has the layer
+            hl(x, tuning_config=None)  # Humming's heuristic
     torch.cuda.synchronize()
 
 

@@ -41,6 +41,8 @@ for name in ("tests", "scripts", "csrc", "configs", "benchmarks"):
     assert importlib.util.find_spec(name) is None, f"a top-level package {name!r} is installed"
 from deployments.local import shipped_configs
 assert {"cpu", "cpu-tp2", "tp1", "tp2", "tp4"} <= set(shipped_configs()), shipped_configs()
+from ternary_plugin import humming_tiles
+assert humming_tiles.table(), f"{humming_tiles.TABLE_PATH} missing from the wheel"
 print("installed from the wheel:", Path(ternary_plugin.__file__).parent, "; shipped configs:", sorted(shipped_configs()))
 PY
 "$TS" --help | grep -q "convert" && "$TS" --help | grep -q "serve"

@@ -268,7 +268,8 @@ BANDS: tuple[Band, ...] = (
 
 HUMMING_BAND = Band(
     "H", "the layer holds Humming's layout only (plan_layout): every M", 0,
-    "Humming's own heuristics (tile, stages, stream-K) per (M, N, K)",
+    "Humming's own heuristics (tile, stages, stream-K) per (M, N, K), or the tiles measured for the layer on this "
+    "GPU where ternary_plugin/humming_tiles.json has them",
     "8B shapes per decoder layer (kernel-h200.md): Humming 1.59/1.29/1.06x cuBLAS at M 16/64/128 against this "
     "repository's 1.31/0.53/0.70x; on the 0.6B shapes it lost at every M (1.17 vs 2.45x at M 1, 0.48 vs 0.67x at 256)",
     lambda c, d, l: True,
@@ -316,15 +317,17 @@ W2A8_BANDS: tuple[Band, ...] = (
                "128", WGMMA_S8, "wgmma s8, 64/128 tokens, persistent or split 2-8 ways along K",
          "the int8 tensor cores at twice the bf16 rate (kernel-h200.md, W2A8 columns)",
          lambda c, d, l, layout: layout == "ternary" and d.hopper and wgmma_s8_aligned(c)),
-    Band("Q2", "the layer holds both layouts; compute capability 9.0, same alignment, M x N >= "
-               "TERNARY_W2A8_WGMMA_MIN_MN (6144 x 16384)", WGMMA_S8, "wgmma s8",
-         "Humming's int2 x int8 tiles degrade with M x N: 8B gate_up M 4096 2094 vs ours 1118 us, qkv M 16384 2125 "
-         "vs 1241, 0.6B gate_up M 16384 613 vs 390; below it Humming wins (gate_up M 1024 225 vs 294, o M 16384 "
-         "590 vs 897; kernel-h200.md, second s8 run)",
+    Band("Q2", "the layer holds both layouts (no Humming tiles measured for it on this GPU: plan_layout); "
+               "compute capability 9.0, same alignment, M x N >= TERNARY_W2A8_WGMMA_MIN_MN (6144 x 16384)",
+         WGMMA_S8, "wgmma s8",
+         "Humming's heuristic picks 160-token int2 x int8 tiles that run 1.7-2.5x slow: 8B gate_up M 4096 2094 vs "
+         "ours 1118 us, qkv M 16384 2125 vs 1241, 0.6B gate_up M 16384 613 vs 390; below it Humming wins (gate_up "
+         "M 1024 225 vs 294, o M 16384 590 vs 897; kernel-h200.md, second s8 run). With measured tiles Humming "
+         "wins everywhere (gate_up M 4096 842, qkv M 16384 866; humming-tiles-h200.md)",
          lambda c, d, l, layout: (layout == "both" and d.hopper and wgmma_s8_aligned(c)
                                   and 0 < l["TERNARY_W2A8_WGMMA_MIN_MN"] <= c.m * c.n)),
     Band("QH", "the layer holds Humming's layout (alone, or both below band Q2)", 0,
-         "Humming int2 x int8 (activations quantized per token in its op)",
+         "Humming int2 x int8 (activations quantized per token in its op); its tiles as in band H",
          "the peer kernel; the only int8 kernel off Hopper",
          lambda c, d, l, layout: layout in ("humming", "both")),
     Band("QR", "everything else (not Hopper and no Humming layout, or blocks off 128-weight boundaries)",
@@ -376,14 +379,16 @@ def humming_eligible(n: int, k: int, block_size: int, k_offset: int, dtype_ok: b
 
 def plan_layout(n: int, k: int, block_size: int, k_offset: int, dev: Device, *, backend: str,
                 humming_importable: bool, dtype_ok: bool = True, lim: dict[str, int] | None = None,
-                activation_dtype: str | None = None) -> tuple[str, str]:
+                activation_dtype: str | None = None, humming_tiles: bool = False) -> tuple[str, str]:
     """(layout, why) for a layer of N x K on ``dev``. ``backend`` is TERNARY_GPU_BACKEND's value:
     auto takes Humming's layout where Humming is importable, the device is sm_80+, the layer is
     eligible and has at least TERNARY_HUMMING_MIN_WEIGHTS weights (measured: Humming won on the
     8B shapes from M 16 and lost on the 0.6B ones at every M), and at any size in the int8-activation
     mode (``activation_dtype`` "int8") where this repository's s8 kernel cannot run (not Hopper, blocks off
     128-weight boundaries), elsewhere in that mode both where the layer is wide enough that our s8
-    kernel wins at some M up to 16384 (TERNARY_W2A8_WGMMA_MIN_MN), Humming's alone where not; both does the same
+    kernel wins at some M up to 16384 (TERNARY_W2A8_WGMMA_MIN_MN) against Humming's heuristic tiles,
+    Humming's alone where not or where ``humming_tiles`` (humming_tiles.json holds tiles measured for
+    the layer on this GPU, which beat the s8 kernel at every M measured); both does the same
     but keeps the ternary layout too (twice the packed bytes) and takes, per M, the kernel band H2
     names; ternary never; humming wherever eligible (an error where Humming is missing)."""
     if backend not in BACKENDS:
@@ -409,6 +414,10 @@ def plan_layout(n: int, k: int, block_size: int, k_offset: int, dev: Device, *, 
         min_mn = lim["TERNARY_W2A8_WGMMA_MIN_MN"]
         if min_mn == 1:
             return "ternary", "int8 activations, TERNARY_W2A8_WGMMA_MIN_MN=1: this repository's s8 wgmma kernel at every M"
+        if humming_tiles:
+            return "humming", ("int8 activations: Humming's int2 x int8 with the tiles measured for this layer on this "
+                               "GPU (ternary_plugin/humming_tiles.json), faster than the s8 wgmma kernel at every M "
+                               "measured")
         if min_mn == 0 or n * W2A8_MAX_M < min_mn:
             return "humming", (f"int8 activations: Humming's int2 x int8 at every M up to {W2A8_MAX_M} (N x M < "
                                f"TERNARY_W2A8_WGMMA_MIN_MN {min_mn})")

@@ -77,6 +77,11 @@ REGISTRY: tuple[EnvVar, ...] = (
     EnvVar(dispatch.BACKEND_ENV, str, "auto", "read",
            "GPU layout of each layer (ternary_plugin/dispatch.py plan_layout): auto takes Humming's where "
            "humming-kernels is installed and the layer is large enough, ternary never, humming wherever eligible"),
+    EnvVar("TERNARY_HUMMING_TILES", str, "1", "read",
+           "0: Humming's own heuristic picks every int2 kernel's tiles; 1 (default) takes the tiles measured "
+           "for the layer's shape on this GPU with this humming-kernels version where ternary_plugin/"
+           "humming_tiles.json has them (H200, int8 activations: 1.7-2.5x faster than the heuristic's 160-token "
+           "tiles over most of M 300-16384; benchmarks/results/humming-tiles-h200.md)"),
     # --- set for every engine and replica ------------------------------------------------------------
     EnvVar("VLLM_PLUGINS", str, "ternary", "engine",
            "load the ternary plugin (and only it) in every vLLM process, so nothing else can shadow it"),

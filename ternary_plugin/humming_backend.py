@@ -16,12 +16,14 @@ Humming is optional: without it (``importable()`` False) every layer keeps the t
 from __future__ import annotations
 
 import functools
+import json
 import logging
 import weakref
 
 import torch
 
 from . import format as fmt
+from . import humming_tiles
 
 logger = logging.getLogger("vllm.ternary_plugin")
 
@@ -67,9 +69,11 @@ def from_humming_weight(words: torch.Tensor, k: int) -> torch.Tensor:
 
 
 def build_layer(packed: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None, k: int, dtype: torch.dtype,
-                activation_dtype: str | None = None) -> torch.nn.Module:
+                activation_dtype: str | None = None, tuned: bool = True) -> torch.nn.Module:
     """A transformed ``humming.layer.HummingLayer`` holding the layer's codes on packed's device.
-    activation_dtype "int8": Humming's int2 x int8 path (activations quantized per token in the op)."""
+    activation_dtype "int8": Humming's int2 x int8 path (activations quantized per token in the op).
+    tuned: calls take the tiles humming_tiles.json measured for this GPU and shape, where it has
+    any (else, and with tuned=False, Humming's own heuristic)."""
     from humming.layer import HummingLayer
 
     n = packed.shape[0]
@@ -83,7 +87,42 @@ def build_layer(packed: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | 
     layer.load_from_tensors(tensors)
     layer.to(packed.device)
     layer.transform()
+    tiles = tuned_intervals(layer, n, k, activation_dtype) if tuned and packed.is_cuda else None
+    if tiles is not None:
+        # every caller (the op, the W2A8 path, benchmarks, tests) calls layer(x): the measured
+        # tiles ride on this layer's forward rather than on each call site
+        layer.forward = functools.partial(type(layer).forward, layer, tuning_config=tiles)
+    layer.ternary_tiles = tiles
     return layer
+
+
+def _gpu(device: torch.device) -> tuple[str, int, str]:
+    from importlib.metadata import version
+
+    props = torch.cuda.get_device_properties(device)
+    return props.name, props.multi_processor_count, version("humming-kernels")
+
+
+def _mode(activation_dtype: str | None) -> str:
+    return "w2a8" if activation_dtype == "int8" else "w2a16"
+
+
+def tiles_measured(n: int, k: int, activation_dtype: str | None, device: torch.device) -> bool:
+    """Whether humming_tiles.json holds this layer's tiles for this GPU and Humming (dispatch.plan_layout
+    weighs Humming's int2 x int8 against the s8 kernel with them)."""
+    return humming_tiles.measured(*_gpu(device), _mode(activation_dtype), n, k)
+
+
+def tuned_intervals(layer: torch.nn.Module, n: int, k: int, activation_dtype: str | None) -> str | None:
+    """Humming's interval list for this layer with humming_tiles.json's measured configs laid over
+    it (a JSON string, as Humming's forward takes it), or None where nothing was measured."""
+    from humming.tune import get_heuristics_config
+
+    over = humming_tiles.overrides(*_gpu(layer.weight.device), _mode(activation_dtype), n, k)
+    if not over:
+        return None
+    default = [list(e) for e in get_heuristics_config(layer.humming_config, device=layer.weight.device)]
+    return json.dumps(humming_tiles.splice(default, over))
 
 
 # The Humming layers, by the data pointer of the layer's packed tensor (the format's bytes, kept on

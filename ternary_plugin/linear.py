@@ -109,11 +109,13 @@ class TernaryLinearMethod(LinearMethodBase):
         # Humming's int8 path quantizes per token; per-(token, block) scales stay on the reference
         qc = self.quant_config
         activation_dtype = "int8" if qc.w2a8 and not qc.token_block else None
+        importable = humming_backend.importable()
         layout, why = dispatch.plan_layout(
             n, kp, layer.ternary_block_size, layer.ternary_k_offset, dev,
             backend=envs.get(dispatch.BACKEND_ENV) or "auto",
-            humming_importable=humming_backend.importable(),
+            humming_importable=importable,
             dtype_ok=dtype in (torch.float16, torch.bfloat16), activation_dtype=activation_dtype,
+            humming_tiles=importable and humming_backend.tiles_measured(n, kp, activation_dtype, packed.device),
         )
         _log_layout_once(n, kp, dev, layout, why, activation_dtype == "int8")
         if layout == "ternary":

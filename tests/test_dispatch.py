@@ -206,6 +206,19 @@ def test_int8_activations_take_our_s8_kernel_on_hopper_and_hummings_elsewhere():
     assert "wgmma s8 (Q1)" in d.describe(4096, 4096, H200, "ternary", w2a8=True)
 
 
+def test_int8_activations_take_hummings_layout_alone_where_its_tiles_were_measured():
+    """With humming_tiles.json's tiles for the layer on this GPU, Humming's int2 x int8 beat the s8
+    kernel at every M measured: no second layout (half the packed bytes); an explicit
+    TERNARY_W2A8_WGMMA_MIN_MN=1 still insists on ours, and bf16 activations are not affected."""
+    kw = dict(humming_importable=True, lim=LIM, activation_dtype="int8", humming_tiles=True)
+    layout, why = d.plan_layout(24576, 4096, 128, 0, H200, backend="auto", **kw)
+    assert layout == "humming" and "humming_tiles.json" in why
+    assert d.plan_layout(6144, 1024, 128, 0, H200, backend="auto", **kw)[0] == "humming"
+    ours = {**kw, "lim": {**LIM, "TERNARY_W2A8_WGMMA_MIN_MN": 1}}
+    assert d.plan_layout(24576, 4096, 128, 0, H200, backend="auto", **ours)[0] == "ternary"
+    assert d.plan_layout(24576, 4096, 128, 0, H200, backend="both", **{**kw, "activation_dtype": None})[0] == "both"
+
+
 def test_int8_activations_on_hopper_without_humming_get_the_advice_to_install_it(caplog):
     """Without Humming, band Q1's s8 kernel serves every M, slower than cuBLAS bf16 at small M: the
     plugin says so once per process, and only where that is the case."""

@@ -7,6 +7,7 @@
 #   bash benchmarks/gpu/gpu_e2e_run.sh setup kernel        # build + install, GPU tests, memcheck, kernel bench
 #   bash benchmarks/gpu/gpu_e2e_run.sh setup band          # build, GPU tests + Humming's, memcheck, bench_band.py
 #   bash benchmarks/gpu/gpu_e2e_run.sh setup w2a8          # build, the s8 kernel's tests + memcheck, bench_band.py
+#   bash benchmarks/gpu/gpu_e2e_run.sh setup tiles         # build, Humming's tests with the measured tiles, bench_band.py
 #   bash benchmarks/gpu/gpu_e2e_run.sh wgmma               # the wgmma kernel's tests, memcheck, bench at M >= 64
 #   ORDER="mma floor" bash benchmarks/probes/run_probes.sh  # kernels alone, outside torch (seconds; no setup)
 #   bash benchmarks/gpu/gpu_e2e_run.sh profile_tiled       # ncu on the tiled kernel (profile: the small-M one)
@@ -136,6 +137,28 @@ stage_band() {
   tail -3 "$OUT/memcheck.log"
   python3 benchmarks/bench_band.py --out "$OUT" ${BAND_ARGS:-} > "$LOGS/bench_band.log" 2>&1 || tail -30 "$LOGS/bench_band.log"
   tail -45 "$LOGS/bench_band.log"
+}
+
+# Humming's measured tiles (ternary_plugin/humming_tiles.json): Humming's GPU tests and the graph
+# capture tests (the op with a tuned layer), memcheck on a tuned int8 layer, then bench_band.py with
+# the heuristic's and the measured tiles' columns; with time left (TILES_DENSE=w2a16), the dense
+# interval sweep of benchmarks/probes/humming_tiles.py for bf16 activations on 8B (a measurement only)
+stage_tiles() {
+  nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv
+  timeout 150 python3 -X faulthandler -m pytest -q -p no:cacheprovider -m gpu tests/test_humming_gpu.py \
+    tests/test_graph_capture_gpu.py > "$OUT/gpu_tests_tiles.log" 2>&1
+  tail -3 "$OUT/gpu_tests_tiles.log"; grep -E "^FAILED|^ERROR" "$OUT/gpu_tests_tiles.log" | head -20
+  timeout 90 compute-sanitizer --tool memcheck --print-limit 20 python3 -m pytest -q -p no:cacheprovider \
+    tests/test_humming_gpu.py -k "measured_tiles and 300" > "$OUT/memcheck_tiles.log" 2>&1
+  tail -3 "$OUT/memcheck_tiles.log"
+  timeout ${BAND_TIMEOUT:-300} python3 benchmarks/bench_band.py --out "$OUT" --models ${BAND_MODELS:-8B 0.6B} --s8-sweep \
+    ${BAND_ARGS:-} > "$LOGS/bench_band.log" 2>&1 || tail -30 "$LOGS/bench_band.log"
+  grep -E "^8B|^0.6B" "$LOGS/bench_band.log" | tail -30
+  if [ -n "${TILES_DENSE:-}" ]; then
+    python3 benchmarks/probes/humming_tiles.py --out "$OUT" --models 8B --modes "$TILES_DENSE" --replays 10 \
+      --budget "${TILES_DENSE_BUDGET:-120}" --dense benchmarks/results/humming-tiles-h200-grid.json \
+      > "$LOGS/tiles_dense.log" 2>&1; grep -E "x(1\.[1-9]|[2-9]\.)" "$LOGS/tiles_dense.log" | head -20
+  fi
 }
 
 # The int8-activation kernel (csrc/ternary_wgmma_s8.cu): its GPU tests (a failure switches the
