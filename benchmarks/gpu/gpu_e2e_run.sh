@@ -148,8 +148,11 @@ stage_tiles() {
   timeout 150 python3 -X faulthandler -m pytest -q -p no:cacheprovider -m gpu tests/test_humming_gpu.py \
     tests/test_graph_capture_gpu.py > "$OUT/gpu_tests_tiles.log" 2>&1
   tail -3 "$OUT/gpu_tests_tiles.log"; grep -E "^FAILED|^ERROR" "$OUT/gpu_tests_tiles.log" | head -20
-  timeout 90 compute-sanitizer --tool memcheck --print-limit 20 python3 -m pytest -q -p no:cacheprovider \
-    tests/test_humming_gpu.py -k "measured_tiles and 300" > "$OUT/memcheck_tiles.log" 2>&1
+  # cuda-python's driver bindings probe symbols through cuGetProcAddress and get "invalid argument"
+  # for those this driver lacks: API errors of the host library, not of a kernel, so not reported
+  timeout 120 compute-sanitizer --tool memcheck --report-api-errors no --print-limit 20 python3 -m pytest -q \
+    -p no:cacheprovider tests/test_humming_gpu.py -k "measured_tiles and (int8-300 or bf16-184)" \
+    > "$OUT/memcheck_tiles.log" 2>&1
   tail -3 "$OUT/memcheck_tiles.log"
   timeout ${BAND_TIMEOUT:-300} python3 benchmarks/bench_band.py --out "$OUT" --models ${BAND_MODELS:-8B 0.6B} --s8-sweep \
     ${BAND_ARGS:-} > "$LOGS/bench_band.log" 2>&1 || tail -30 "$LOGS/bench_band.log"

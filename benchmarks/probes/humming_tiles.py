@@ -294,7 +294,9 @@ def dense_layer(model, layer, k, n, mode, seeds, l2, replays, deadline, results)
         row["best"], row["best_us"] = (cands[best["i"]], best["us"]) if won else (None, row["heuristic_us"])
         row["gain"] = round(row["heuristic_us"] / row["best_us"], 3)
         row["timed"] = len(row["candidates"])
-        row["candidates"] = sorted(row["candidates"], key=lambda e: e.get("us", math.inf))[:3]  # the three fastest
+        # the two fastest, as [config in brief, us]
+        row["candidates"] = [[e["config"], e.get("us")]
+                             for e in sorted(row["candidates"], key=lambda e: e.get("us", math.inf))[:2]]
         results.append(row)
         print(f"{model:5s} {layer:8s} {mode:5s} M ({lo:5d}, {hi:10d}] heuristic {row['heuristic_us']:9.2f} "
               f"(tokens {base['block_shape'][0]:3d}) best {row['best_us']:9.2f} x{row['gain']:.2f} "
