@@ -171,16 +171,31 @@ def derive(path: Path) -> None:
     this checkout's table."""
     from ternary_plugin import dispatch
 
+    from ternary_plugin import humming_tiles
+
     result = json.loads(path.read_text())
     dev = dispatch.Device(result["sms"], tuple(result.get("capability", (9, 0))), result["gpu"])
     humming_ok = result.get("humming") is not None
     for row in result["rows"]:
+        for mode in row.get("tiles", {}):
+            # where today's humming_tiles.json covers the row's M no more (a table narrowed since the
+            # run: it only ever drops or cuts intervals), the op runs the heuristic's config, timed in
+            # the same run
+            over = humming_tiles.overrides(result["gpu"], result["sms"], result["humming"], mode, row["N"], row["K"])
+            if not any(lo < row["M"] <= hi for lo, hi, _ in over):
+                row[f"humming_{mode}_tiles_us"] = row[f"humming_{mode}_us"]
+            row["tiles"][mode] = humming_tiles.measured(result["gpu"], result["sms"], result["humming"], mode,
+                                                        row["N"], row["K"])
+        if row.get("layout") == "humming":
+            row["ternary_us"] = _humming(row, "w2a16")
         derive_both(row, dev, humming_ok)
         derive_w2a8(row, dev, humming_ok)
     result["per_layer"] = per_layer(result["rows"])
-    result["derived"] = ("both_us, both_backend, w2a8_layout, w2a8_backend, ternary_w2a8_us and per_layer "
-                         "recomputed from the timed columns by `python benchmarks/bench_band.py --derive` with "
-                         "ternary_plugin/dispatch.py's bands H2 and Q1/Q2/QH")
+    result["derived"] = ("both_us, both_backend, w2a8_layout, w2a8_backend, ternary_w2a8_us, ternary_us on "
+                         "Humming's layout, the *_tiles_us where ternary_plugin/humming_tiles.json no longer covers "
+                         "the M (then the heuristic's time of the same run) and per_layer recomputed from the timed "
+                         "columns by `python benchmarks/bench_band.py --derive` with ternary_plugin/dispatch.py's "
+                         "bands H2 and Q1/Q2/QH and the table")
     path.write_text(json.dumps(result, indent=1) + "\n")
     path.with_suffix(".md").write_text(markdown(result))
 
@@ -211,6 +226,7 @@ def markdown(result: dict) -> str:
              f"torch {result['torch']}, CUDA {result['cuda']}, humming-kernels {result['humming']}; ceilings here: copy "
              f"{result['ceilings']['copy_TBps']} TB/s, bf16 8192^3 matmul {result['ceilings']['bf16_matmul_8192_TFLOPs']} "
              "TFLOP/s.", f"Command: `{result['command']}`. Medians of CUDA-graph replays, inputs rotated past 2x L2.",
+             *([f"Derived afterwards: {result['derived']}."] if result.get("derived") else []),
              "", "Per decoder layer (the four linear layers summed), speed-up over cuBLAS bf16; `op` is what the "
              "plugin runs by default (its layout and dispatch), `ours` this repository's kernels on the ternary "
              "layout, `both layouts` the plugin with TERNARY_GPU_BACKEND=both (twice the packed bytes on the "

@@ -18,7 +18,8 @@ BAND_LINES = (("speedup_ternary", "op (default)", "-"), ("speedup_both", "op, bo
               ("speedup_ours", "ours (ternary layout)", "--"), ("speedup_humming_w2a16", "Humming w2a16", "-."),
               ("speedup_ternary_w2a8", "op W2A8 (its dispatch)", (0, (1, 3))),
               ("speedup_ours_w2a8", "ours W2A8 (s8 wgmma)", (0, (5, 2))),
-              ("speedup_humming_w2a8", "Humming w2a8", (0, (3, 1, 1, 1))))
+              ("speedup_humming_w2a8", "Humming w2a8 (its heuristic)", (0, (3, 1, 1, 1))),
+              ("speedup_humming_w2a8_tiles", "Humming w2a8, measured tiles", (0, (1, 1))))
 
 
 def band(result: dict, path: str) -> None:

@@ -7,7 +7,8 @@ the int2 x int8 configs it picks with 160-token tiles and no stream-K run 1.7-2.
 (8B gate_up: 2054 us at M 4096 against 842; benchmarks/results/humming-tiles-h200.md).
 benchmarks/probes/humming_tiles.py times every interval of the heuristic's list at its top M,
 the heuristic's config against the winners of a tile grid, and writes the intervals where another
-config won by >= 3 % into ``humming_tiles.json`` beside this file:
+config won by >= 1.10x (one config timed twice differs by up to 5 %), cut to the Ms within 20 % or
+one 64-token tile below the M they were timed at, into ``humming_tiles.json`` beside this file:
 
     {"NVIDIA H200/132": {"humming": "0.1.20", "source": "benchmarks/results/humming-tiles-h200.json",
                          "measured": ["w2a8 24576x4096", ...],

@@ -36,6 +36,7 @@ from benchmarks.bench_kernel import random_layers, rotating_copies, time_graph  
 
 MS = [64, 128, 256, 512, 1024, 4096, 16384]
 # the axes tried one at a time from the grid's best (humming.tune.candidate.ScheduleCandidate)
+REACH = 0.8  # a dense winner serves M down to REACH x (or 64 below) the M it was timed at
 SECONDARY = {"num_stages": (3, 5, 6), "raster_group_m": (2, 4, 8), "num_ctas_per_sm": (2,),
              "wgmma_split_issue_wait": (True, False)}
 
@@ -320,8 +321,9 @@ def seeds_of(grid: dict, mode: str, n: int, k: int, most: int = 4) -> list[dict]
 def table(results: list[dict], min_gain: float) -> dict:
     """The plugin's entry for one GPU (ternary_plugin/humming_tiles.py) from dense results of it (a
     later result's interval replaces an earlier one's): every swept layer under `measured`, and per
-    (mode, N, K) the intervals whose best config beats Humming's heuristic by min_gain, each as
-    [lo, hi, index into the layer's configs, us, heuristic_us]."""
+    (mode, N, K) the intervals whose best config beats Humming's heuristic by min_gain (cut to
+    within REACH or 64 tokens below the M they were timed at), each as [lo, hi, index into the layer's configs, us,
+    heuristic_us]."""
     gpus = {(r["gpu"], r["sms"], r["humming"]) for r in results}
     if len(gpus) != 1:
         raise SystemExit(f"results of more than one GPU or Humming version: {sorted(gpus)}")
@@ -330,6 +332,11 @@ def table(results: list[dict], min_gain: float) -> dict:
     for (mode, n, k, lo, hi), r in sorted(rows.items()):
         if r["gain"] < min_gain:
             continue
+        # a wide heuristic interval was timed at its top M only: its winner serves the Ms within 20 %
+        # or one 64-token tile below that, whichever reaches further (0.6B down's (144, 640]: stream-K
+        # off won at 640 by 1.07x and lost at 256 by 1.26x in kernel-h200.md)
+        m = min(r["ms"])
+        lo = max(lo, min(int(m * REACH), m - 64))
         entry = layers.setdefault(f"{mode} {n}x{k}", {"configs": [], "intervals": []})
         keys = [_key(c) for c in entry["configs"]]
         if _key(r["best"]) not in keys:
@@ -352,7 +359,9 @@ def main(argv=None) -> int:
     ap.add_argument("--budget", type=float, default=480, help="seconds; no new M starts after it")
     ap.add_argument("--table", nargs="+", default=None,
                     help="result JSONs of one GPU: print their plugin table entry and exit")
-    ap.add_argument("--min-gain", type=float, default=1.03)
+    ap.add_argument("--min-gain", type=float, default=1.10,
+                    help="smallest gain over the heuristic a table entry needs (one config timed twice in one "
+                         "bench_band run differed by up to 5 %%)")
     ap.add_argument("--dense", default=None, metavar="GRID_JSON",
                     help="time every interval of Humming's list, seeded with this grid result's winners")
     args = ap.parse_args(argv)
