@@ -240,7 +240,7 @@ def markdown(result: dict) -> str:
                      f"{_x(e['speedup_humming_w2a16'])} | {_x(e['speedup_ternary_w2a8'])} | "
                      f"{_x(e.get('speedup_ours_w2a8'))} | "
                      f"{_x(e['speedup_humming_w2a8'])} | {_x(e.get('speedup_humming_w2a8_tiles'))} | "
-                     f"{e['ternary_us']} | {e['ternary_w2a8_us']} | {e['cublas_bf16_us']} |")
+                     f"{e['ternary_us']} | {e['ternary_w2a8_us'] or '-'} | {e['cublas_bf16_us']} |")
     lines += ["", "Per layer (us):", "",
               "| model | layer | M | K | N | op | backend | ours | cuBLAS bf16 | Humming w2a16 | Humming w2a8 | Humming w2a8, "
               "measured tiles | op W2A8 | ours w2a8 (by k_split) | rel. err. |",

@@ -87,7 +87,7 @@ def build_layer(packed: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | 
     layer.load_from_tensors(tensors)
     layer.to(packed.device)
     layer.transform()
-    tiles = tuned_intervals(layer, n, k, activation_dtype) if tuned and packed.is_cuda else None
+    tiles = tuned_intervals(layer, n, k, activation_dtype, dtype) if tuned and packed.is_cuda else None
     if tiles is not None:
         # every caller (the op, the W2A8 path, benchmarks, tests) calls layer(x): the measured
         # tiles ride on this layer's forward rather than on each call site
@@ -103,22 +103,25 @@ def _gpu(device: torch.device) -> tuple[str, int, str]:
     return props.name, props.multi_processor_count, version("humming-kernels")
 
 
-def _mode(activation_dtype: str | None) -> str:
-    return "w2a8" if activation_dtype == "int8" else "w2a16"
+def _mode(activation_dtype: str | None, dtype: torch.dtype) -> str:
+    """The table's mode key: the tiles were measured on bf16 models; fp16 ones keep the heuristic."""
+    mode = "w2a8" if activation_dtype == "int8" else "w2a16"
+    return mode if dtype == torch.bfloat16 else f"{mode} ({dtype})"
 
 
-def tiles_measured(n: int, k: int, activation_dtype: str | None, device: torch.device) -> bool:
+def tiles_measured(n: int, k: int, activation_dtype: str | None, dtype: torch.dtype, device: torch.device) -> bool:
     """Whether humming_tiles.json holds this layer's tiles for this GPU and Humming (dispatch.plan_layout
     weighs Humming's int2 x int8 against the s8 kernel with them)."""
-    return humming_tiles.measured(*_gpu(device), _mode(activation_dtype), n, k)
+    return humming_tiles.measured(*_gpu(device), _mode(activation_dtype, dtype), n, k)
 
 
-def tuned_intervals(layer: torch.nn.Module, n: int, k: int, activation_dtype: str | None) -> str | None:
+def tuned_intervals(layer: torch.nn.Module, n: int, k: int, activation_dtype: str | None,
+                    dtype: torch.dtype) -> str | None:
     """Humming's interval list for this layer with humming_tiles.json's measured configs laid over
     it (a JSON string, as Humming's forward takes it), or None where nothing was measured."""
     from humming.tune import get_heuristics_config
 
-    over = humming_tiles.overrides(*_gpu(layer.weight.device), _mode(activation_dtype), n, k)
+    over = humming_tiles.overrides(*_gpu(layer.weight.device), _mode(activation_dtype, dtype), n, k)
     if not over:
         return None
     default = [list(e) for e in get_heuristics_config(layer.humming_config, device=layer.weight.device)]

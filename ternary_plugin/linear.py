@@ -115,7 +115,7 @@ class TernaryLinearMethod(LinearMethodBase):
             backend=envs.get(dispatch.BACKEND_ENV) or "auto",
             humming_importable=importable,
             dtype_ok=dtype in (torch.float16, torch.bfloat16), activation_dtype=activation_dtype,
-            humming_tiles=importable and humming_backend.tiles_measured(n, kp, activation_dtype, packed.device),
+            humming_tiles=importable and humming_backend.tiles_measured(n, kp, activation_dtype, dtype, packed.device),
         )
         _log_layout_once(n, kp, dev, layout, why, activation_dtype == "int8")
         if layout == "ternary":
