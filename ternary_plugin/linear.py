@@ -110,14 +110,15 @@ class TernaryLinearMethod(LinearMethodBase):
         qc = self.quant_config
         activation_dtype = "int8" if qc.w2a8 and not qc.token_block else None
         importable = humming_backend.importable()
+        tiles = importable and humming_backend.tiles_measured(n, kp, activation_dtype, dtype, packed.device)
         layout, why = dispatch.plan_layout(
             n, kp, layer.ternary_block_size, layer.ternary_k_offset, dev,
             backend=envs.get(dispatch.BACKEND_ENV) or "auto",
             humming_importable=importable,
             dtype_ok=dtype in (torch.float16, torch.bfloat16), activation_dtype=activation_dtype,
-            humming_tiles=importable and humming_backend.tiles_measured(n, kp, activation_dtype, dtype, packed.device),
+            humming_tiles=tiles,
         )
-        _log_layout_once(n, kp, dev, layout, why, activation_dtype == "int8")
+        _log_layout_once(n, kp, dev, layout, why, activation_dtype == "int8", tiles)
         if layout == "ternary":
             return False
         hl = humming_backend.build_layer(packed, layer.weight_scale.data, None, kp, dtype, activation_dtype)
@@ -153,13 +154,18 @@ class TernaryLinearMethod(LinearMethodBase):
 _logged_layouts: set[tuple[int, int, str, bool]] = set()
 
 
-def _log_layout_once(n: int, k: int, dev: dispatch.Device, layout: str, why: str, w2a8: bool = False) -> None:
-    """One line per distinct layer shape and process: its layout and the kernel of each M band."""
+def _log_layout_once(n: int, k: int, dev: dispatch.Device, layout: str, why: str, w2a8: bool = False,
+                     tiles: bool = False) -> None:
+    """One line per distinct layer shape and process: its layout, the kernel of each M band and,
+    on Humming's layout, whose tiles it runs."""
     if (n, k, layout, w2a8) in _logged_layouts:
         return
     _logged_layouts.add((n, k, layout, w2a8))
-    logger.info("ternary layer N %d x K %d on %s: %s layout (%s); %s%s", n, k, dev.name or "GPU", layout, why,
-                "int8 activations: " if w2a8 else "", dispatch.describe(n, k, dev, layout, w2a8=w2a8))
+    humming_tiles = "" if layout == "ternary" else (
+        "; Humming's tiles measured on this GPU (ternary_plugin/humming_tiles.json)" if tiles
+        else "; Humming's heuristic tiles")
+    logger.info("ternary layer N %d x K %d on %s: %s layout (%s); %s%s%s", n, k, dev.name or "GPU", layout, why,
+                "int8 activations: " if w2a8 else "", dispatch.describe(n, k, dev, layout, w2a8=w2a8), humming_tiles)
     advice = dispatch.w2a8_advice(dev, layout, w2a8, humming_backend.importable()) if w2a8 else None
     if advice and advice not in _logged_advice:
         _logged_advice.add(advice)

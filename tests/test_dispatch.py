@@ -246,6 +246,24 @@ def test_int8_activations_on_hopper_without_humming_get_the_advice_to_install_it
     assert [r.getMessage() for r in warnings] == [d.W2A8_WITHOUT_HUMMING]
 
 
+def test_the_layout_line_says_whose_tiles_a_humming_layer_runs(caplog):
+    from ternary_plugin import linear
+
+    caplog.set_level("INFO", logger=linear.logger.name)
+    linear._logged_layouts.clear()
+    try:
+        linear._log_layout_once(24576, 4096, H200, "humming", "why", w2a8=True, tiles=True)
+        linear._log_layout_once(24576, 4096, H200, "humming", "why", w2a8=False, tiles=False)
+        linear._log_layout_once(1024, 1024, H200, "ternary", "why", w2a8=False, tiles=False)
+    finally:
+        linear._logged_layouts.clear()
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("ternary layer")]
+    assert len(lines) == 3
+    assert lines[0].endswith("Humming's tiles measured on this GPU (ternary_plugin/humming_tiles.json)")
+    assert lines[1].endswith("; Humming's heuristic tiles")
+    assert "Humming's" not in lines[2]
+
+
 def test_a_layer_with_both_layouts_keeps_our_kernel_at_small_m_and_on_wgmma_from_256():
     kw = dict(humming_importable=True, lim=LIM)
     assert d.plan_layout(24576, 4096, 128, 0, H200, backend="both", **kw)[0] == "both"
