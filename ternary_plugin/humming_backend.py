@@ -96,7 +96,10 @@ def build_layer(packed: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | 
     return layer
 
 
+@functools.lru_cache(maxsize=None)
 def _gpu(device: torch.device) -> tuple[str, int, str]:
+    """(GPU name, SM count, humming-kernels version): the table's key, read once per device (the
+    layout planner and build_layer ask for every layer at load)."""
     from importlib.metadata import version
 
     props = torch.cuda.get_device_properties(device)
