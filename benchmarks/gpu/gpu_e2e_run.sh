@@ -25,7 +25,7 @@
 #                                                   # (the models live in /root/e2e8b only while the machine
 #                                                   # is warm; remade where missing): W2A8 offline unless done
 #                                                   # or E2E8B_OFFLINE_W2A8=0, then Ray Serve (<= 400 s)
-#   bash benchmarks/gpu/gpu_e2e_run.sh e2e8b_profile   # after them: torch.profiler of c1 / c16 per engine
+#   bash benchmarks/gpu/gpu_e2e_run.sh e2e8b_profile   # after them: torch.profiler of c1 / c16 / c64 per engine
 #   bash benchmarks/gpu/gpu_e2e_run.sh distill06b      # the distillation's time and memory at 0.6B size
 #   bash benchmarks/gpu/gpu_e2e_run.sh serve_hops      # where the Serve path's time goes at c1 (no setup needed)
 #                                                   # (HOPS_NAME, HOPS_ARGS, HOPS_OFFLINE=0: the result name, more
@@ -473,13 +473,17 @@ stage_e2e8b_prepare_offline() {
     while kill -0 "$pid" 2>/dev/null && [ "$(date +%s)" -lt "$until" ]; do sleep 2; done
     kill "$pid" 2>/dev/null && echo "a Humming warm-up was stopped unfinished (pid $pid)"
   done
-  e8_offline ternary 230 90 120
-  e8_offline bf16 170 0 80
+  e8_wants ternary && e8_offline ternary 230 90 120
+  e8_wants bf16 && e8_offline bf16 170 0 80
   e8_graph_tests
   e8_reference 150
-  e8_offline ternary_w2a8 230 0 150
+  e8_wants ternary_w2a8 && e8_offline ternary_w2a8 230 0 150
   e8_summary
 }
+
+# E2E8B_OFFLINE_VARIANTS: the offline engines e2e8b_prepare_offline runs (default all three; e.g. leave
+# bf16 out when a call of the same session measured it and the machine was taken back after it)
+e8_wants() { case " ${E2E8B_OFFLINE_VARIANTS:-ternary bf16 ternary_w2a8} " in *" $1 "*) return 0 ;; esac; return 1; }
 
 e8_graph_tests() {  # issue #21's GPU tests (and the converter's on the GPU), ~170 s: benchmarks/results/gpu-graph-tests-h200.md
   e8_step graph_tests 240 0 180 "$LOGS/e2e8b-graph-tests.log" python3 -X faulthandler -m pytest -q -p no:cacheprovider \
@@ -569,14 +573,15 @@ stage_e2e8b_w2a8_depth() {
   grep -vE " INFO | WARNING " "$LOGS/e2e8b-w2a8-depth.log" | tail -12
 }
 
-# Where the 8B engines' time goes at c1 / c16 (benchmarks/probes/engine_profile.py; the models of
-# e2e8b_prepare_offline, still on the warm machine): ternary (auto layout), bf16, and ternary on our
-# kernels alone (TERNARY_GPU_BACKEND=ternary), each in its own process under its own bound
+# Where the 8B engines' time goes at c1 / c16 / c64 (benchmarks/probes/engine_profile.py; the models of
+# e2e8b_prepare_offline, still on the warm machine): E2E8B_PROFILE_VARIANTS (default ternary, bf16,
+# ternary_w2a8), then ternary on our kernels alone (TERNARY_GPU_BACKEND=ternary), each in its own
+# process under its own bound
 stage_e2e8b_profile() {
   e8_init e2e8b_profile
   e8_ensure_models 300
   local v
-  for v in ternary bf16; do
+  for v in ${E2E8B_PROFILE_VARIANTS:-ternary bf16 ternary_w2a8}; do
     e8_step "profile_$v" 200 0 90 "$LOGS/e2e8b-profile-$v.log" \
       python3 benchmarks/probes/engine_profile.py "$E2E8B_ROOT/models" "$v" "$OUT/e2e8b-profile-$v.json"
   done

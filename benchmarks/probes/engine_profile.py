@@ -1,11 +1,11 @@
-"""Where an 8B-shaped engine's time goes at c1 and c16 (issue #22's unexplained loss of the ternary
+"""Where an 8B-shaped engine's time goes at c1, c16 and c64 (issue #22's unexplained loss of the ternary
 engine against bf16 inside vLLM's CUDA-graph sizes): torch.profiler over whole `llm.embed` calls.
 
     VLLM_PLUGINS=ternary python benchmarks/probes/engine_profile.py MODELS_ROOT VARIANT OUT.json
 
 The engine runs in this process (VLLM_ENABLE_V1_MULTIPROCESSING=0, one GPU: the executor is in
 process too), so the profiler sees the scheduler's host work, every launch and every kernel. Per
-case (c1: one 16-token query, c16: 16 queries of 32 tokens, bench_e2e's sizes) it writes the wall
+case (c1: one 16-token query, c16 / c64: 16 / 64 queries of 32 tokens, bench_e2e's sizes) it writes the wall
 time per call (timed without the profiler first), the GPU's busy time per call (union of kernel
 intervals), launches by kind (a replayed CUDA graph is one cudaGraphLaunch), and the top kernels
 and host ops. TERNARY_* in the environment pass through (e.g. TERNARY_GPU_BACKEND=ternary).
@@ -102,7 +102,7 @@ def main(argv=None) -> int:
         def prompts(n, length):
             return [{"prompt_token_ids": [rng.randrange(10, vocab) for _ in range(length)]} for _ in range(n)]
 
-        cases = {"c1": (1, C1_TOKENS), "c16": (16, CONC_TOKENS)}
+        cases = {"c1": (1, C1_TOKENS), "c16": (16, CONC_TOKENS), "c64": (64, CONC_TOKENS)}
         result["cases"] = {}
         for name, (n, length) in cases.items():
             for _ in range(5):
