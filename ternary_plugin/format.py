@@ -144,16 +144,21 @@ MIN_SCALE = 1e-5
 
 
 def quantize_ternary(
-    w: torch.Tensor, block_size: int = DEFAULT_BLOCK_SIZE
+    w: torch.Tensor, block_size: int = DEFAULT_BLOCK_SIZE, scale: torch.Tensor | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Absmean ternary quantization (BitNet b1.58) per block of ``block_size`` along K.
+    """Ternary quantization per block of ``block_size`` along K.
 
     w float [N, K] -> (packed uint8 [N, ceil(K/4)], scale float16 [N, ceil(K/block_size)]),
-    with s = mean |w| over the block (partial last block: over its real weights) and
-    q = clip(round(w / s), -1, 1), s rounded to float16 before dividing so the stored
-    scale is exactly the one the codes were chosen with.
+    q = clip(round(w / s), -1, 1). Without ``scale``, absmean (BitNet b1.58): s = mean |w| over
+    the block (partial last block: over its real weights), rounded to float16 before dividing
+    so the stored scale is exactly the one the codes were chosen with. With ``scale`` (float16
+    [N, ceil(K/block_size)], e.g. the scales a distillation trained), the codes are chosen with
+    that scale, which is stored as given.
     """
-    q, scale = _absmean_codes(w, block_size)
+    if scale is None:
+        q, scale = absmean_codes(w, block_size)
+    else:
+        q = _codes_with(w, scale, block_size)
     return pack_ternary(q.reshape(w.shape[0], -1)[:, : w.shape[1]].to(torch.int8)), scale
 
 
@@ -161,25 +166,54 @@ def fake_quantize_ternary(w: torch.Tensor, block_size: int = DEFAULT_BLOCK_SIZE)
     """``dequantize_ternary(*quantize_ternary(w, block_size), K, block_size)`` without packing and
     unpacking: the same float32 values (a zero may carry a sign), in a quarter of the time on MiniLM's
     layers (CPU); the forward of quantization-aware training (ternary_plugin.distill)."""
-    q, scale = _absmean_codes(w, block_size)  # [N, nb, block_size], [N, nb]
+    q, scale = absmean_codes(w, block_size)  # [N, nb, block_size], [N, nb]
     n, k = w.shape
     return (q * scale.float().unsqueeze(-1)).reshape(n, -1)[:, :k].contiguous()
 
 
-def _absmean_codes(w: torch.Tensor, block_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+def absmean_codes(w: torch.Tensor, block_size: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(codes as float32 {-1, 0, 1} [N, nb, block_size], zero past K; scale float16 [N, nb]), nb =
     ceil(K/block_size): quantize_ternary's rule, each block divided by its scale by broadcasting."""
+    _check_weight(w, block_size)
+    n, k = w.shape
+    nb = scale_cols(k, block_size)
+    wb = blocks(w, block_size)
+    counts = torch.full((nb,), float(block_size), device=w.device)
+    counts[-1] = k - (nb - 1) * block_size
+    s = (wb.abs().sum(-1) / counts).clamp(min=MIN_SCALE, max=torch.finfo(torch.float16).max)
+    scale = s.to(torch.float16).contiguous()
+    return codes_of_blocks(wb, scale), scale
+
+
+def _check_weight(w: torch.Tensor, block_size: int) -> None:
     if w.dim() != 2 or not w.is_floating_point():
         raise ValueError(f"w must be a 2-D float tensor, got {w.dtype} {tuple(w.shape)}")
     if block_size <= 0 or block_size % CODES_PER_BYTE:
         raise ValueError(f"block_size must be a positive multiple of 4, got {block_size}")
     if not bool(torch.isfinite(w).all()):
         raise ValueError("w has non-finite values; refusing to quantize")
+
+
+def blocks(w: torch.Tensor, block_size: int) -> torch.Tensor:
+    """w [N, K] -> float32 [N, ceil(K/block_size), block_size], zero past K."""
     n, k = w.shape
     nb = scale_cols(k, block_size)
-    wb = torch.nn.functional.pad(w.float(), (0, nb * block_size - k)).reshape(n, nb, block_size)
-    counts = torch.full((nb,), float(block_size), device=w.device)
-    counts[-1] = k - (nb - 1) * block_size
-    s = (wb.abs().sum(-1) / counts).clamp(min=MIN_SCALE, max=torch.finfo(torch.float16).max)
-    scale = s.to(torch.float16).contiguous()
-    return torch.clamp(torch.round(wb / scale.float().unsqueeze(-1)), -1, 1), scale
+    return torch.nn.functional.pad(w.float(), (0, nb * block_size - k)).reshape(n, nb, block_size)
+
+
+def codes_of_blocks(wb: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """The codes as float32 {-1, 0, 1} of blocks wb [N, nb, block_size] under scale [N, nb]: the one
+    rule every quantizer here (absmean, given scales, the distillation's forward) chooses codes by."""
+    return torch.clamp(torch.round(wb / scale.float().unsqueeze(-1)), -1, 1)
+
+
+def _codes_with(w: torch.Tensor, scale: torch.Tensor, block_size: int) -> torch.Tensor:
+    _check_weight(w, block_size)
+    nb = scale_cols(w.shape[1], block_size)
+    if scale.dtype != torch.float16 or tuple(scale.shape) != (w.shape[0], nb):
+        raise ValueError(f"scale must be float16 [{w.shape[0]}, {nb}] for w {tuple(w.shape)} and block_size "
+                         f"{block_size}, got {scale.dtype} {tuple(scale.shape)}")
+    bad = invalid_scale_positions(scale)
+    if bad.numel():
+        raise ValueError(f"scale has {bad.shape[0]} non-finite or non-positive entries (first at {bad[0].tolist()})")
+    return codes_of_blocks(blocks(w, block_size), scale.to(w.device))

@@ -168,9 +168,9 @@ def test_quantize_device_is_where_each_weight_is_quantized(tiny_qwen3, tmp_path,
     seen = []
     real = conv.fmt.quantize_ternary
 
-    def recording(w, block_size):
+    def recording(w, block_size, scale=None):
         seen.append(w.device.type)
-        return real(w, block_size)
+        return real(w, block_size, scale=scale)
 
     monkeypatch.setattr(conv.fmt, "quantize_ternary", recording)
     report = convert(src=tiny_qwen3["src"], dst=tmp_path / "on-cpu", quality_check=False, progress=False, device="cpu")

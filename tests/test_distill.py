@@ -14,7 +14,7 @@ from ternary_plugin import checkpoint as ckpt
 from ternary_plugin import cli
 from ternary_plugin import format as fmt
 from ternary_plugin.convert import convert
-from ternary_plugin.distill import CorpusError, DistillOptions, distill
+from ternary_plugin.distill import CorpusError, DistillOptions, TernaryWeight, distill
 from ternary_plugin.validate import validate
 
 # The tiny models run a step in milliseconds; one thread keeps runs reproducible and leaves
@@ -69,7 +69,10 @@ def test_distillation_raises_agreement(distilled):
     assert a.held_out.cosine_min > b.held_out.cosine_min + 0.1
     assert a.general.cosine_mean > b.general.cosine_mean + 0.1
     assert [c.step for c in r.curve] == [0, 10, 20]
-    assert r.curve[0] == b and r.curve[-1] == a
+    assert r.curve[-1] == a
+    # step 0 is the student before training: the least-squares scales of the absmean codes, which
+    # fit the source weights better than the absmean scales of the plain conversion (`before`)
+    assert r.curve[0].held_out.cosine_mean > b.held_out.cosine_mean
 
 
 def test_report_json_and_summary(distilled):
@@ -84,21 +87,46 @@ def test_report_json_and_summary(distilled):
 
 
 def test_packed_output_is_the_trained_quantization(distilled, tiny_bert, corpora):
-    """What is packed is what was trained, bit for bit: the codes and fp16 scales of every
-    ternary layer equal format.quantize_ternary of the student's latent weight. The latent
-    weights come from a second run with the same options (so this also checks determinism)."""
+    """What is packed is what was trained, bit for bit: the fp16 scales of every ternary layer
+    are the student's trained scales, and its codes are format.quantize_ternary of the student's
+    latent weight with them. The latent weights and scales come from a second run with the same
+    options (so this also checks determinism)."""
     latent, _ = distill(tiny_bert["src"], _opts(corpora))
     packed = load_file(str(distilled["dst"] / "model.safetensors"))
     layers = ckpt.ternary_layers(packed)
     assert len(layers) == 12
     for layer in layers:
-        codes, scale = fmt.quantize_ternary(latent[f"{layer}.weight"], fmt.DEFAULT_BLOCK_SIZE)
+        trained_scale = latent[f"{layer}.{fmt.SCALE_SUFFIX}"]
+        assert trained_scale.dtype == torch.float16
+        codes, scale = fmt.quantize_ternary(latent[f"{layer}.weight"], fmt.DEFAULT_BLOCK_SIZE, scale=trained_scale)
         assert torch.equal(packed[f"{layer}.{fmt.PACKED_WEIGHT_SUFFIX}"], codes), layer
-        assert torch.equal(packed[f"{layer}.{fmt.SCALE_SUFFIX}"], scale), layer
+        assert torch.equal(packed[f"{layer}.{fmt.SCALE_SUFFIX}"], trained_scale), layer
+        # the scales were trained: not the absmean of the latent block, which plain conversion writes
+        assert not torch.equal(trained_scale, fmt.quantize_ternary(latent[f"{layer}.weight"])[1]), layer
     # the distillation changed the weights: otherwise this would hold for plain conversion too
     plain = load_file(str(tiny_bert["dst"] / "model.safetensors"))
     assert not all(torch.equal(plain[f"{n}.{fmt.PACKED_WEIGHT_SUFFIX}"], packed[f"{n}.{fmt.PACKED_WEIGHT_SUFFIX}"])
                    for n in layers)
+
+
+@pytest.mark.parametrize("n,k", [(5, 1), (7, 130), (4, 1003), (3, 256)])
+def test_student_weight_is_the_packed_weight_and_trains_its_scale(n, k):
+    """The student's forward is dequantize(quantize(latent, scale=its float16 scale)) exactly, partial
+    blocks included; the latent weight gets the gradient straight through and the scale a gradient
+    of its own; with measure_plain's fixed absmean scales it is the plain conversion's weight."""
+    torch.manual_seed(n * 1000 + k)
+    w = torch.randn(n, k) * 0.05
+    tw = TernaryWeight(w, fmt.DEFAULT_BLOCK_SIZE)
+    latent = w.clone().requires_grad_(True)
+    out = tw(latent)
+    packed, scale = fmt.quantize_ternary(w, fmt.DEFAULT_BLOCK_SIZE, scale=tw.stored_scale())
+    assert torch.equal(out.detach(), fmt.dequantize_ternary(packed, scale, k, fmt.DEFAULT_BLOCK_SIZE))
+    g = torch.randn(n, k)
+    (out * g).sum().backward()
+    assert torch.equal(latent.grad, g)
+    assert tw.log_scale.grad is not None and bool(tw.log_scale.grad.abs().sum() > 0)
+    tw.fixed_scale = fmt.quantize_ternary(w)[1]
+    assert torch.equal(tw(w).detach(), fmt.fake_quantize_ternary(w))
 
 
 def test_distilled_checkpoint_validates(distilled):
@@ -140,6 +168,17 @@ def test_resumed_run_equals_uninterrupted(distilled, tiny_bert, corpora, tmp_pat
 def test_resume_refuses_a_checkpoint_of_other_options(distilled, tiny_bert, corpora):
     opts = _opts(corpora, checkpoint_dir=distilled["state"], resume=True, lr=5e-4)
     with pytest.raises(ckpt.CheckpointError, match=r"made by a run with other inputs.*'lr': \(0.001, 0.0005\)"):
+        distill(tiny_bert["src"], opts)
+
+
+def test_resume_refuses_a_checkpoint_of_another_recipe(distilled, tiny_bert, corpora, monkeypatch):
+    """A checkpoint written under other recipe constants (e.g. before the scales were trained) holds
+    other parameters: refused by name, not by a load_state_dict key error."""
+    import ternary_plugin.distill as distill_module
+
+    monkeypatch.setattr(distill_module, "SCALE_LR_MULTIPLIER", 3.0)
+    opts = _opts(corpora, checkpoint_dir=distilled["state"], resume=True)
+    with pytest.raises(ckpt.CheckpointError, match=r"made by a run with other inputs.*'recipe'.*scale_lr_multiplier"):
         distill(tiny_bert["src"], opts)
 
 

@@ -99,6 +99,33 @@ def test_fake_quantize_is_dequantize_of_quantize(n, k, block):
     assert torch.equal(fake, fmt.dequantize_ternary(packed, scale, k, block))
 
 
+@pytest.mark.parametrize("n,k,block", [(5, 1, 128), (7, 130, 128), (4, 1003, 128), (9, 257, 32)])
+def test_quantize_with_given_scale(n, k, block):
+    """quantize_ternary(w, scale=s) stores s as given and chooses each code as clip(round(w / s)),
+    partial blocks included; with the absmean scales it is the absmean quantizer exactly."""
+    torch.manual_seed(n * 7 + k)
+    w = torch.randn(n, k) * 0.05
+    s = (torch.rand(n, fmt.scale_cols(k, block)) * 0.1 + 0.01).to(torch.float16)
+    packed, scale = fmt.quantize_ternary(w, block, scale=s)
+    assert scale is s
+    q = torch.clamp(torch.round(w / fmt.expand_scales(s, k, block).float()), -1, 1).to(torch.int8)
+    assert torch.equal(fmt.unpack_ternary(packed, k), q) and fmt.padding_is_zero(packed, k)
+    absmean_packed, absmean = fmt.quantize_ternary(w, block)
+    assert torch.equal(fmt.quantize_ternary(w, block, scale=absmean)[0], absmean_packed)
+
+
+@pytest.mark.parametrize("bad,match", [
+    (lambda s: s.float(), "float16"),
+    (lambda s: s[:, :1], r"float16 \[4, 2\]"),
+    (lambda s: s.index_fill(1, torch.tensor([1]), 0.0), "non-positive"),
+    (lambda s: s.index_fill(0, torch.tensor([2]), float("nan")), "non-finite"),
+])
+def test_quantize_refuses_bad_given_scale(bad, match):
+    w = torch.randn(4, 200)
+    with pytest.raises(ValueError, match=match):
+        fmt.quantize_ternary(w, 128, scale=bad(torch.full((4, 2), 0.05, dtype=torch.float16)))
+
+
 def test_quantize_all_zero_block_gets_positive_scale():
     w = torch.zeros(2, 130)
     w[:, 128:] = 1.0
