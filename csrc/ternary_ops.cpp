@@ -256,7 +256,9 @@ torch::Tensor gemm_w2a8_path(const torch::Tensor& x,       // [M, K] bf16/fp16
 }
 
 // torch.ops.ternary_serve.quantize_int8: the mode's activation quantization alone (natural column
-// order), (xq int8 [M, K], sx float32 [M]), for tests against activations.quantize_activations_int8.
+// order), (xq int8 [M, K], sx float32 [M]): the input step of Humming's int2 x int8 GEMM
+// (humming_backend.forward_w2a8), tested against activations.quantize_activations_int8. sx's
+// storage holds round_up(M, 4) floats, as Humming allocates its token scales.
 std::tuple<torch::Tensor, torch::Tensor> quantize_int8(const torch::Tensor& x) {
   TERNARY_CHECK_ARG("ternary_serve::quantize_int8: ", x.is_cuda() && x.dim() == 2 && x.is_contiguous() &&
                         (x.scalar_type() == at::kBFloat16 || x.scalar_type() == at::kHalf),
@@ -264,7 +266,7 @@ std::tuple<torch::Tensor, torch::Tensor> quantize_int8(const torch::Tensor& x) {
   const at::cuda::OptionalCUDAGuard guard(x.device());
   const int64_t M = x.size(0), K = x.size(1);
   auto xq = torch::empty({M, K}, x.options().dtype(at::kChar));
-  auto sx = torch::empty({M}, x.options().dtype(at::kFloat));
+  auto sx = torch::empty({(M + 3) / 4 * 4}, x.options().dtype(at::kFloat)).narrow(0, 0, M);
   check_cuda_error(ternary::launch_quantize_s8(x.scalar_type() == at::kBFloat16, x.data_ptr(), xq.data_ptr<int8_t>(),
                                                sx.data_ptr<float>(), M, K, K, false,
                                                at::cuda::getCurrentCUDAStream()),

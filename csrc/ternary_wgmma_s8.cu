@@ -176,6 +176,59 @@ __global__ void __launch_bounds__(256) quantize_s8_kernel(const T* __restrict__ 
   }
 }
 
+// The natural-order quantizer for rows that take 16-byte loads (K a multiple of 8, x 16-byte
+// aligned) and K <= kQuantVecMaxK: the row is read once into registers (8 activations a thread
+// per pass) and written 8 bytes a store. Same arithmetic as quantize_s8_kernel (bit-identical);
+// the scalar kernel read each row twice with 2-byte loads: ~8 us a call at M 16, ~35 us at M 2048
+// (K 4096-12288) on the H200, 4x Humming's input step (benchmarks/results/w2a8-host-h200.md).
+constexpr int kQuantVecPasses = 8, kQuantThreads = 256, kQuantVecMaxK = 8 * kQuantThreads * kQuantVecPasses;
+
+template <typename T>
+__global__ void __launch_bounds__(kQuantThreads) quantize_s8_vec_kernel(const T* __restrict__ x,
+                                                                       int8_t* __restrict__ xq,
+                                                                       float* __restrict__ sx, int K) {
+  const uint4* row = reinterpret_cast<const uint4*>(x + (size_t)blockIdx.x * K);
+  const int nv = K / 8;
+  uint4 v[kQuantVecPasses];
+  float amax = 0.f;
+#pragma unroll
+  for (int i = 0; i < kQuantVecPasses; ++i) {
+    const int j = threadIdx.x + i * kQuantThreads;
+    if (j < nv) {
+      v[i] = __ldg(row + j);
+      const T* e = reinterpret_cast<const T*>(&v[i]);
+#pragma unroll
+      for (int t = 0; t < 8; ++t) amax = fmaxf(amax, fabsf(Vec<T>::to_float(e[t])));
+    }
+  }
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+  __shared__ float warp_max[kQuantThreads / 32];
+  if (threadIdx.x % 32 == 0) warp_max[threadIdx.x / 32] = amax;
+  __syncthreads();
+  amax = warp_max[0];
+#pragma unroll
+  for (int w = 1; w < kQuantThreads / 32; ++w) amax = fmaxf(amax, warp_max[w]);
+  float s = __fdiv_rn(amax, 127.f);
+  if (!(s > 0.f)) s = 1.f;
+  if (threadIdx.x == 0) sx[blockIdx.x] = s;
+  uint2* out = reinterpret_cast<uint2*>(xq + (size_t)blockIdx.x * K);
+#pragma unroll
+  for (int i = 0; i < kQuantVecPasses; ++i) {
+    const int j = threadIdx.x + i * kQuantThreads;
+    if (j < nv) {
+      const T* e = reinterpret_cast<const T*>(&v[i]);
+      uint32_t w[2] = {0u, 0u};
+#pragma unroll
+      for (int t = 0; t < 8; ++t) {
+        const int q = max(-127, min(127, __float2int_rn(__fdiv_rn(Vec<T>::to_float(e[t]), s))));
+        w[t / 4] |= (uint32_t)(q & 0xff) << (8 * (t % 4));
+      }
+      out[j] = make_uint2(w[0], w[1]);
+    }
+  }
+}
+
 template <typename T, int STAGES, int BM, bool SPLIT>
 __global__ void __launch_bounds__(kThreads, 1)
 ternary_wgmma_s8_kernel(const __grid_constant__ CUtensorMap x_map,     // xq [M, Kp] int8: boxes 128 x BM, 128-byte swizzle
@@ -489,6 +542,12 @@ cudaError_t launch_quantize_s8(bool bf16, const void* x, int8_t* xq, float* sx, 
                                cudaStream_t stream) {
   if (M == 0) return cudaSuccess;
   const dim3 grid(M), block(256);
+  if (!permute && K % 8 == 0 && K <= kQuantVecMaxK && reinterpret_cast<uintptr_t>(x) % 16 == 0 &&
+      reinterpret_cast<uintptr_t>(xq) % 8 == 0) {  // ldq == K: the output rows are 8-byte aligned too
+    if (bf16) quantize_s8_vec_kernel<__nv_bfloat16><<<grid, kQuantThreads, 0, stream>>>(static_cast<const __nv_bfloat16*>(x), xq, sx, K);
+    else quantize_s8_vec_kernel<__half><<<grid, kQuantThreads, 0, stream>>>(static_cast<const __half*>(x), xq, sx, K);
+    return cudaGetLastError();
+  }
   if (bf16) {
     if (permute) quantize_s8_kernel<__nv_bfloat16, true><<<grid, block, 0, stream>>>(static_cast<const __nv_bfloat16*>(x), xq, sx, K, ldq);
     else quantize_s8_kernel<__nv_bfloat16, false><<<grid, block, 0, stream>>>(static_cast<const __nv_bfloat16*>(x), xq, sx, K, ldq);

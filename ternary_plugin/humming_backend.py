@@ -96,6 +96,24 @@ def build_layer(packed: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | 
     return layer
 
 
+def forward_w2a8(layer: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """Humming's int2 x int8 layer (built with ``activation_dtype="int8"``) on x [M, K] bf16/fp16.
+
+    Where this repository's extension has its CUDA ops, x is quantized per token by
+    ``torch.ops.ternary_serve.quantize_int8`` (bit-identical to the mode's formula,
+    activations.quantize_activations_int8) and handed to Humming as int8 with its scales, so
+    Humming runs its GEMM alone. Humming's own input step costs ~90-120 us of host time a call,
+    quantize_int8 ~15 (benchmarks/results/w2a8-host-h200.md): above vLLM's CUDA-graph sizes, where
+    every layer is launched from Python, host time was the 8B W2A8 engine's limit. Without the
+    extension, Humming quantizes (its own per-token step)."""
+    from . import ops
+
+    if not ops.w2a8_cuda_available():
+        return layer(x)
+    xq, sx = torch.ops.ternary_serve.quantize_int8(x)  # sx: storage of round_up(M, 4) floats, as Humming's
+    return layer(xq, input_scale=sx.view(-1, 1))
+
+
 @functools.lru_cache(maxsize=None)
 def _gpu(device: torch.device) -> tuple[str, int, str]:
     """(GPU name, SM count, humming-kernels version): the table's key, read once per device (the

@@ -257,8 +257,10 @@ def _register_cuda_gemm() -> None:
             choice = cuda_plan(x, packed, block_size, k_offset, hl[1] if hl is not None else "ternary", w2a8=True)
             if choice.backend == "ternary":  # this repository's s8 wgmma kernel
                 return torch.ops.ternary_serve.gemm_w2a8_path(x, packed, scale, bias, block_size, k_offset)
-            # Humming's int2 x int8 layer, or the reference: the reference op's CUDA kernel
-            # (activations._w2a8_cuda) takes whichever the layer has
+            if choice.backend == "humming" and hl is not None:  # Humming's int2 x int8 layer, called here:
+                # through the reference op (a Python custom op) it cost another 80-180 us of host time
+                y = humming_backend.forward_w2a8(hl[0], x)
+                return y if bias is None else y + bias
             return torch.ops.ternary_ref.linear_w2a8(x, packed, scale, bias, block_size, k_offset, False)
 
         lib.impl("gemm_w2a8", gemm_w2a8_cuda, "CUDA")

@@ -70,6 +70,34 @@ def test_w2a8_layer_is_close_to_bf16_activations():
     assert float((y.cpu().double() - ref).norm() / ref.norm()) < 2e-2
 
 
+@pytest.mark.parametrize("m", [1, 7, 300, 2049])
+def test_w2a8_layer_on_our_quantization_follows_the_mode_formula(m):
+    """forward_w2a8: the activations quantized by this repository's quantize_int8 (the mode's
+    formula, bit for bit), Humming's GEMM on them. Against activations.reference_linear_w2a8 the
+    only differences left are the fp16 scales rounded to bf16 in Humming's layout (<= 2**-9 a
+    block) and the bf16 output's rounding: a wrong row's scale (M not a multiple of 4: the padded
+    scales) or a code shows up far above that."""
+    from ternary_plugin import ops
+    from ternary_plugin.activations import reference_linear_w2a8
+
+    ops.ensure_op_registered()
+    if not ops.w2a8_cuda_available():
+        pytest.fail("the extension was built without its CUDA ops (TERNARY_BUILD_CUDA=1)")
+    n, k = 1024, 2048
+    values, packed, scale = _weights(n, k, seed=30 + m)
+    g = torch.Generator().manual_seed(40 + m)
+    x = (torch.randn(m, k, generator=g) * torch.rand(m, 1, generator=g) * 4).to(torch.bfloat16)
+    w8 = humming_backend.build_layer(packed, scale, None, k, torch.bfloat16, activation_dtype="int8")
+    torch.cuda.synchronize()
+    poison = torch.full((m * n * 2 + 4096,), float("nan"), dtype=torch.bfloat16, device="cuda")
+    del poison
+    y = humming_backend.forward_w2a8(w8, x.cuda())
+    ref = reference_linear_w2a8(x.double(), packed.cpu(), scale.cpu(), None, 128)
+    assert y.shape == (m, n) and not y.isnan().any()
+    rows = (y.cpu().double() - ref).norm(dim=1) / ref.norm(dim=1)
+    assert float(rows.max()) < 5e-3, f"worst row {int(rows.argmax())}: relative error {float(rows.max()):.2e}"
+
+
 def _close(a, b, tol=2 ** -7):
     """Within bf16 rounding of each other: Humming's stream-K adds partial sums in an order that
     can change between launches (seen: graph replay vs eager differed in the last bf16 bit)."""

@@ -68,14 +68,25 @@ def _rel(y, ref):
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
-@pytest.mark.parametrize("m,k", [(1, 7), (5, 300), (3, 4096), (64, 1024)])
-def test_quantization_is_bit_identical_to_the_reference(m, k, dtype):
+@pytest.mark.parametrize("m,k,misaligned", [(1, 7, False), (5, 300, False), (3, 4096, False), (64, 1024, False),
+                                            (2, 12288, False), (3, 16392, False), (7, 8, False), (5, 4096, True)],
+                         ids=["k7", "k300", "k4096", "k1024", "k12288", "k16392-scalar", "k8", "k4096-misaligned"])
+def test_quantization_is_bit_identical_to_the_reference(m, k, misaligned, dtype):
+    """Both kernels: 16-byte rows up to 16384 columns take the vectorized one; K not a multiple of
+    8, K past 16384 and a tensor starting off 16 bytes the scalar one."""
     g = torch.Generator(device="cpu").manual_seed(m + k)
     x = (torch.randn(m, k, generator=g) * 3).to(dtype)
     x[0] = 0  # an all-zero row: sx = 1, xq = 0
     if m > 1:
         x[1, : k // 2] = 127.5  # a row whose absmax is set by many equal values
-    xq, sx = torch.ops.ternary_serve.quantize_int8(x.cuda())
+    xc = x.cuda()
+    if misaligned:  # the same values at a 2-byte offset from an allocation
+        xc = torch.empty(m * k + 1, dtype=dtype, device="cuda")[1:].view(m, k)
+        xc.copy_(x)
+        assert xc.data_ptr() % 16
+    xq, sx = torch.ops.ternary_serve.quantize_int8(xc)
+    # Humming reads token scales in fours (humming_backend.forward_w2a8)
+    assert sx.untyped_storage().nbytes() >= 4 * (-(-m // 4) * 4)
     ref_q, ref_s = quantize_activations_int8(x)
     assert xq.dtype == torch.int8 and sx.dtype == torch.float32
     assert torch.equal(sx.cpu(), ref_s), "per-token scales differ"
