@@ -252,13 +252,18 @@ def test_a_killed_worker_gets_503_while_the_other_replica_serves(cluster):
                 retried_ok += again.status_code == 200
             time.sleep(0.2)
     assert set(statuses) <= {200, 503} and 200 in statuses, {s: statuses.count(s) for s in set(statuses)}
-    deadline = time.time() + 400
+    deadline, driver_timeouts = time.time() + 400, 0
     while time.time() < deadline:
-        if len(replicas()) == 2 and health_status() == 200 and reconcile("--timeout", "60")[0] == 0:
-            break
+        try:
+            if len(replicas()) == 2 and health_status() == 200 and reconcile("--timeout", "60")[0] == 0:
+                break
+        except subprocess.TimeoutExpired:
+            # a driver that could not connect within 120 s while the replica restarts its vLLM
+            # engine on the 2 loaded cores (seen once in CI): not recovered yet, within the bound
+            driver_timeouts += 1
         time.sleep(5)
     else:
-        pytest.fail("the broken replica did not serve again within 400 s")
+        pytest.fail(f"the broken replica did not serve again within 400 s ({driver_timeouts} driver timeouts)")
     new = subprocess.run(["pgrep", "-f", "VLLM::Worker_TP1"], capture_output=True, text=True).stdout.split()
     assert len(new) == 2 and pids[0] not in new, (pids, new)
     print(f"statuses after the kill: { {s: statuses.count(s) for s in set(statuses)} }, retried ok {retried_ok}, "
