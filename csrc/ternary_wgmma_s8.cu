@@ -137,6 +137,25 @@ __host__ __device__ constexpr int permuted_column(int p) {
   return 32 * ((p >> 2) & 3) + (p & 16) + 4 * (p & 3) + (p >> 5);
 }
 
+// The token's scale from each thread's partial absmax (a CTA of at most 256 threads, every thread
+// calls it and gets it): absmax / 127 in IEEE division, 1 where that is 0, as the reference.
+__device__ __forceinline__ float token_scale(float amax) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+  __shared__ float warp_max[8];
+  if (threadIdx.x % 32 == 0) warp_max[threadIdx.x / 32] = amax;
+  __syncthreads();
+  amax = warp_max[0];
+  for (int w = 1; w < (int)blockDim.x / 32; ++w) amax = fmaxf(amax, warp_max[w]);
+  const float s = __fdiv_rn(amax, 127.f);
+  return s > 0.f ? s : 1.f;
+}
+
+// One activation: clamp(rint(v / s), +-127), the division IEEE as the reference's.
+__device__ __forceinline__ int quantize_s8(float v, float s) {
+  return max(-127, min(127, __float2int_rn(__fdiv_rn(v, s))));
+}
+
 // xq [M, ldq] int8, sx [M] fp32 from x [M, K]: one CTA a token. sx = absmax / 127 (1 where that
 // is 0), xq = clamp(rint(x / sx), +-127), both in fp32 with IEEE division as the reference
 // (quantize_activations_int8) computes them: bit-identical. PERMUTE: columns permuted per 128-block
@@ -147,21 +166,9 @@ __global__ void __launch_bounds__(256) quantize_s8_kernel(const T* __restrict__ 
   const T* row = x + (size_t)blockIdx.x * K;
   float amax = 0.f;
   for (int k = threadIdx.x; k < K; k += blockDim.x) amax = fmaxf(amax, fabsf(Vec<T>::to_float(row[k])));
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-  __shared__ float warp_max[8];
-  if (threadIdx.x % 32 == 0) warp_max[threadIdx.x / 32] = amax;
-  __syncthreads();
-  amax = warp_max[0];
-  for (int w = 1; w < (int)blockDim.x / 32; ++w) amax = fmaxf(amax, warp_max[w]);
-  float s = __fdiv_rn(amax, 127.f);
-  if (!(s > 0.f)) s = 1.f;
+  const float s = token_scale(amax);
   if (threadIdx.x == 0) sx[blockIdx.x] = s;
-  auto q = [&](int k) -> int {
-    if (k >= K) return 0;
-    const int v = __float2int_rn(__fdiv_rn(Vec<T>::to_float(row[k]), s));
-    return max(-127, min(127, v));
-  };
+  auto q = [&](int k) -> int { return k < K ? quantize_s8(Vec<T>::to_float(row[k]), s) : 0; };
   int8_t* out = xq + (size_t)blockIdx.x * ldq;
   if constexpr (PERMUTE) {
     for (int g = threadIdx.x; g < ldq / 4; g += blockDim.x) {  // 4 output bytes, positions 4g .. 4g + 3
@@ -178,7 +185,7 @@ __global__ void __launch_bounds__(256) quantize_s8_kernel(const T* __restrict__ 
 
 // The natural-order quantizer for rows that take 16-byte loads (K a multiple of 8, x 16-byte
 // aligned) and K <= kQuantVecMaxK: the row is read once into registers (8 activations a thread
-// per pass) and written 8 bytes a store. Same arithmetic as quantize_s8_kernel (bit-identical);
+// per pass) and written 8 bytes a store. The arithmetic is quantize_s8_kernel's (token_scale, quantize_s8);
 // the scalar kernel read each row twice with 2-byte loads: ~8 us a call at M 16, ~35 us at M 2048
 // (K 4096-12288) on the H200, 4x Humming's input step (benchmarks/results/w2a8-host-h200.md).
 constexpr int kQuantVecPasses = 8, kQuantThreads = 256, kQuantVecMaxK = 8 * kQuantThreads * kQuantVecPasses;
@@ -201,16 +208,7 @@ __global__ void __launch_bounds__(kQuantThreads) quantize_s8_vec_kernel(const T*
       for (int t = 0; t < 8; ++t) amax = fmaxf(amax, fabsf(Vec<T>::to_float(e[t])));
     }
   }
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-  __shared__ float warp_max[kQuantThreads / 32];
-  if (threadIdx.x % 32 == 0) warp_max[threadIdx.x / 32] = amax;
-  __syncthreads();
-  amax = warp_max[0];
-#pragma unroll
-  for (int w = 1; w < kQuantThreads / 32; ++w) amax = fmaxf(amax, warp_max[w]);
-  float s = __fdiv_rn(amax, 127.f);
-  if (!(s > 0.f)) s = 1.f;
+  const float s = token_scale(amax);
   if (threadIdx.x == 0) sx[blockIdx.x] = s;
   uint2* out = reinterpret_cast<uint2*>(xq + (size_t)blockIdx.x * K);
 #pragma unroll
@@ -221,8 +219,7 @@ __global__ void __launch_bounds__(kQuantThreads) quantize_s8_vec_kernel(const T*
       uint32_t w[2] = {0u, 0u};
 #pragma unroll
       for (int t = 0; t < 8; ++t) {
-        const int q = max(-127, min(127, __float2int_rn(__fdiv_rn(Vec<T>::to_float(e[t]), s))));
-        w[t / 4] |= (uint32_t)(q & 0xff) << (8 * (t % 4));
+        w[t / 4] |= (uint32_t)(quantize_s8(Vec<T>::to_float(e[t]), s) & 0xff) << (8 * (t % 4));
       }
       out[j] = make_uint2(w[0], w[1]);
     }

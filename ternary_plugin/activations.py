@@ -142,8 +142,7 @@ def _w2a8_cuda(x, packed, scale, bias, block_size, k_offset, token_block=False):
 
     hl = humming_backend.attached(packed)
     if hl is not None and not token_block:
-        y = humming_backend.forward_w2a8(hl[0], x)
-        return y if bias is None else y + bias
+        return humming_backend.forward_w2a8(hl[0], x, bias)
     if not _warned.get("cuda"):
         _warned["cuda"] = True
         logger.warning("W2A8 on CUDA without Humming's layout for this layer (%s): the reference path, which "

@@ -96,8 +96,9 @@ def build_layer(packed: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | 
     return layer
 
 
-def forward_w2a8(layer: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
-    """Humming's int2 x int8 layer (built with ``activation_dtype="int8"``) on x [M, K] bf16/fp16.
+def forward_w2a8(layer: torch.nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """Humming's int2 x int8 layer (built with ``activation_dtype="int8"``) on x [M, K] bf16/fp16,
+    plus ``bias`` where given (the op's bias; the layer is built without one).
 
     Where this repository's extension has its CUDA ops, x is quantized per token by
     ``torch.ops.ternary_serve.quantize_int8`` (bit-identical to the mode's formula,
@@ -109,9 +110,11 @@ def forward_w2a8(layer: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
     from . import ops
 
     if not ops.w2a8_cuda_available():
-        return layer(x)
-    xq, sx = torch.ops.ternary_serve.quantize_int8(x)  # sx: storage of round_up(M, 4) floats, as Humming's
-    return layer(xq, input_scale=sx.view(-1, 1))
+        y = layer(x)
+    else:
+        xq, sx = torch.ops.ternary_serve.quantize_int8(x)  # sx: storage of round_up(M, 4) floats, as Humming's
+        y = layer(xq, input_scale=sx.view(-1, 1))
+    return y if bias is None else y + bias
 
 
 @functools.lru_cache(maxsize=None)

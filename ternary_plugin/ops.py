@@ -259,8 +259,7 @@ def _register_cuda_gemm() -> None:
                 return torch.ops.ternary_serve.gemm_w2a8_path(x, packed, scale, bias, block_size, k_offset)
             if choice.backend == "humming" and hl is not None:  # Humming's int2 x int8 layer, called here:
                 # through the reference op (a Python custom op) it cost another 80-180 us of host time
-                y = humming_backend.forward_w2a8(hl[0], x)
-                return y if bias is None else y + bias
+                return humming_backend.forward_w2a8(hl[0], x, bias)
             return torch.ops.ternary_ref.linear_w2a8(x, packed, scale, bias, block_size, k_offset, False)
 
         lib.impl("gemm_w2a8", gemm_w2a8_cuda, "CUDA")

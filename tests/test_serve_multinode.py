@@ -259,7 +259,7 @@ def test_a_killed_worker_gets_503_while_the_other_replica_serves(cluster):
                 break
         except subprocess.TimeoutExpired:
             # a driver that could not connect within 120 s while the replica restarts its vLLM
-            # engine on the 2 loaded cores (seen once in CI): not recovered yet, within the bound
+            # engine on the 2 loaded cores (seen in local CI runs): not recovered yet, within the bound
             driver_timeouts += 1
         time.sleep(5)
     else:
