@@ -21,6 +21,7 @@
 #   SKIP_QWEN=1 MINILM_SRC=.e2e/minilm-bf16 bash benchmarks/gpu/gpu_e2e_run.sh prepare minilm   # MiniLM offline
 #   bash benchmarks/gpu/gpu_e2e_run.sh e2e8b_prepare_offline   # 8B-shaped: make, convert, validate, offline
 #                                                   # ternary + bf16, graph_tests, reference, W2A8 if time is left
+#   E2E8B_OFFLINE_VARIANTS="ternary_w2a8 bf16" bash benchmarks/gpu/gpu_e2e_run.sh e2e8b_offline   # engines only
 #   E2E8B_SERVE_VARIANTS=bf16 bash benchmarks/gpu/gpu_e2e_run.sh e2e8b_serve   # one Serve variant a call
 #                                                   # (the models live in /root/e2e8b only while the machine
 #                                                   # is warm; remade where missing): W2A8 offline unless done
@@ -530,6 +531,17 @@ e8_ensure_models() {  # RESERVE: the models made and converted again where the m
     echo "the models are not on this machine (cold since e2e8b_prepare_offline?): made and converted again, not validated"
     e8_prepare _again "$OUT/e2e8b-prepare-again-$E8_STAGE.json" "$1"
   fi
+}
+
+# The offline engines alone, E2E8B_OFFLINE_VARIANTS in the order given (default W2A8, bf16, ternary),
+# on a machine that may have lost the models (made again, not validated): a same-host table after a
+# change to one variant, without e2e8b_prepare_offline's validation and GPU tests between them
+stage_e2e8b_offline() {
+  e8_init e2e8b_offline
+  e8_ensure_models 300
+  local v
+  for v in ${E2E8B_OFFLINE_VARIANTS:-ternary_w2a8 bf16 ternary}; do e8_offline "$v" 230 0 120; done
+  e8_summary
 }
 
 # E2E8B_SERVE_VARIANTS: the Serve steps and their order (default all three). One per call: an 8B
