@@ -130,6 +130,18 @@ def cpu_kernel_isa() -> str | None:
                     "both AVX-512 (F/BW/VL/DQ, VBMI, BF16) and AVX2 with FMA and F16C")
 
 
+def advise_cpu_dtype_once(dtype: torch.dtype) -> None:
+    """One warning per process where a CPU engine runs in bf16 but this CPU has no bf16 dot
+    product (the kernel's "avx2" code): the kernel then widens x to fp32, and the engine's own
+    bf16 math (attention, norms, the original's GEMMs) is emulated, 4-6x slower than fp32 there."""
+    if dtype != torch.bfloat16 or _state.get("advised_cpu_dtype") or cpu_kernel_isa() != "avx2":
+        return
+    _state["advised_cpu_dtype"] = True
+    logger.warning("the CPU kernel runs its AVX2 code here (no AVX512-BF16, or TERNARY_CPU_ISA=avx2): "
+                   "bf16 activations are emulated and run slower than float32; serve with dtype float32 "
+                   "on this machine (configs/cpu.yaml: dtype)")
+
+
 def cpu_w2a8_isa() -> str | None:
     """The instruction set the W2A8 CPU kernel (``gemm_w2a8`` on CPU tensors) runs with here
     ("avx512_vnni" or "avx2", as TERNARY_CPU_ISA allows), or None where the mode's CPU tensors take

@@ -89,11 +89,16 @@ def post(payload, key=KEY, content=None, timeout=60):
                       headers={**headers, "Content-Type": "application/json"}, timeout=timeout)
 
 
-def offline_embeddings(model_dir, texts, out_json, tp=1):
-    """The same texts through offline vLLM (`ternary-serve embed`), float32."""
+def config_dtype(config: str) -> str:
+    """The engine dtype a Serve config gives its model (args.dtype of its one application)."""
+    return yaml.safe_load((REPO / config).read_text())["applications"][0]["args"]["dtype"]
+
+
+def offline_embeddings(model_dir, texts, out_json, tp=1, dtype="float32"):
+    """The same texts through offline vLLM (`ternary-serve embed`) in ``dtype``."""
     env = dict(os.environ, VLLM_CPU_OMP_THREADS_BIND="0|1" if tp > 1 else "0-1", VLLM_CPU_KVCACHE_SPACE="1")
     proc = run_engine([sys.executable, "-m", "ternary_plugin.cli", "embed", str(model_dir), "--tp", str(tp),
-                       "--dtype", "float32", "--json", str(out_json), *texts], env, cwd=REPO)
+                       "--dtype", dtype, "--json", str(out_json), *texts], env, cwd=REPO)
     assert proc.returncode == 0, f"rc {proc.returncode}\n{proc.stderr[-3000:]}"
     return json.loads(out_json.read_text())
 

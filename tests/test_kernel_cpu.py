@@ -323,6 +323,25 @@ def test_ternary_linear_takes_the_kernel():
     assert torch.equal(y, torch.ops.ternary_serve.gemm(x, packed, scale, bias, 128, 0))
 
 
+@needs_kernel_cpu
+def test_bf16_engine_on_the_avx2_code_is_advised_float32_once():
+    """A bf16 engine where the kernel runs its AVX2 code (no bf16 dot product) gets one warning
+    naming dtype float32; float32 engines, and bf16 on the AVX-512 code, get none."""
+    code = """
+import logging, torch
+logging.basicConfig(level=logging.WARNING)
+from ternary_plugin import ops
+for dtype in (torch.float32, torch.bfloat16, torch.bfloat16, torch.float32):
+    ops.advise_cpu_dtype_once(dtype)
+print("ISA", ops.cpu_kernel_isa())
+"""
+    for isa, warnings in (("avx2", 1), (EXPECTED_ISA, 1 if EXPECTED_ISA == "avx2" else 0)):
+        proc = _run_subprocess(code, TERNARY_CPU_ISA=isa)
+        assert proc.returncode == 0 and f"ISA {isa}" in proc.stdout, proc.stderr[-3000:]
+        lines = [ln for ln in proc.stderr.splitlines() if "bf16 activations are emulated" in ln]
+        assert len(lines) == warnings and all("dtype float32" in ln for ln in lines), (isa, proc.stderr)
+
+
 def test_disabled_kernel_falls_back_with_one_log_line():
     """TERNARY_CPU_KERNEL=0: the reference path, announced once however many calls follow."""
     code = """
