@@ -425,23 +425,52 @@ TERNARY_AVX512 void pair_all_m(const uint16_t* tile, int64_t ldg, const PairSegm
   }
 }
 
+// W rows [n0, n1) into the pair-major tile and their scales into ws (pair_rows_bf16's layouts). Its
+// own function: written inside pair_rows_bf16, the prefetches below made gcc's code for the GEMM
+// after it 6-15 % slower at M >= 64.
+TERNARY_AVX512 __attribute__((noinline)) void decode_pair_tile(const Problem& p, const PairPlan& plan, int64_t kc,
+                                                                int64_t n0, int64_t n1, uint16_t* tile, float* ws) {
+  const int64_t pairs = kc / 2, rows = n1 - n0, groups = (rows + 15) / 16, S = plan.segments.size();
+  const int64_t ldg = pairs * 32;  // a group's bf16 values: [pairs, 16, 2]
+  const std::vector<uint8_t> zero_row(kc / 4, 0);
+  const auto group_rows = [&](int64_t g, const uint8_t** out) {
+    for (int r = 0; r < 16; ++r) out[r] = 16 * g + r < rows ? p.row(n0 + 16 * g + r) : zero_row.data();
+  };
+  const uint8_t* src[16];
+  group_rows(0, src);
+  for (int64_t g = 0; g < groups; ++g) {
+    // the next group's 16 rows are read into L1 a line at a time while this one is decoded, and its
+    // scales (16 rows of lds fp16, contiguous): 16 interleaved row streams defeat the hardware
+    // prefetchers (M 4, cold weights: 5-10 % of the call)
+    const uint8_t* next[16];
+    const bool ahead = g + 1 < groups;
+    if (ahead) {
+      group_rows(g + 1, next);
+      const int64_t n_rows = std::min<int64_t>(16, rows - 16 * (g + 1));
+      const char* sc = reinterpret_cast<const char*>(p.scale + (n0 + 16 * (g + 1)) * p.lds);
+      for (int64_t b = 0; b < n_rows * p.lds * 2; b += 64) tiles::prefetch_l1(sc + b);
+    }
+    for (int64_t c = 0; c < kc / kChunk; ++c) {
+      if (ahead && c % 8 == 0)
+        for (int r = 0; r < 16; ++r) tiles::prefetch_l1(reinterpret_cast<const char*>(next[r] + c * 8));
+      decode_pairs16(src, c, tile + g * ldg + c * 16 * 32);
+    }
+    // missing rows of the last group: scale 0
+    for (int64_t s = 0; s < S; ++s)
+      for (int r = 0; r < 16; ++r)
+        ws[(g * S + s) * 16 + r] =
+            16 * g + r < rows ? half_to_float(p.scale[(n0 + 16 * g + r) * p.lds + plan.segments[s].block]) : 0.f;
+    if (ahead) std::copy(next, next + 16, src);
+  }
+}
+
 }  // namespace
 
 TERNARY_AVX512 void pair_rows_bf16(const Problem& p, const PairPlan& plan, const uint16_t* xb, int64_t kc, int64_t n0,
                                    int64_t n1, uint16_t* tile, float* ws, uint16_t* y) {
   const int64_t pairs = kc / 2, rows = n1 - n0, groups = (rows + 15) / 16, S = plan.segments.size();
   const int64_t ldg = pairs * 32;  // a group's bf16 values: [pairs, 16, 2]
-  const std::vector<uint8_t> zero_row(kc / 4, 0);
-  for (int64_t g = 0; g < groups; ++g) {
-    const uint8_t* src[16];
-    for (int r = 0; r < 16; ++r) src[r] = 16 * g + r < rows ? p.row(n0 + 16 * g + r) : zero_row.data();
-    for (int64_t c = 0; c < kc / kChunk; ++c) decode_pairs16(src, c, tile + g * ldg + c * 16 * 32);
-    // missing rows of the last group: scale 0
-    for (int64_t s = 0; s < S; ++s)
-      for (int r = 0; r < 16; ++r)
-        ws[(g * S + s) * 16 + r] =
-            16 * g + r < rows ? half_to_float(p.scale[(n0 + 16 * g + r) * p.lds + plan.segments[s].block]) : 0.f;
-  }
+  decode_pair_tile(p, plan, kc, n0, n1, tile, ws);
   // x rows in blocks of <= kXBlockBytes (L2, beside the tile), 2 groups (32 W rows) a register
   // block, the block's x rows 6 at a time inside (the W2A8 tile kernel's order)
   constexpr int64_t kXBlockBytes = 256 * 1024;
