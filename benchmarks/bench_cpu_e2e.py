@@ -165,7 +165,7 @@ def main(argv=None) -> int:
     ap.add_argument("--w2a8", action="store_true", help="also the ternary checkpoint in the W2A8 mode")
     ap.add_argument("--name", default="cpu-e2e", help="file stem of the JSON and md (default cpu-e2e)")
     ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"],
-                    help="every engine's dtype (float32: the original served in float32, as configs/cpu.yaml does)")
+                    help="every engine's dtype (float32: what a CPU without AVX512-BF16 should serve in)")
     ap.add_argument("--report", action="store_true",
                     help="write cpu-e2e.* from the engines' JSON already in .e2e/cpu/ (a run cut short)")
     args = ap.parse_args(argv)
