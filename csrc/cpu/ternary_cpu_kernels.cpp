@@ -447,8 +447,7 @@ TERNARY_AVX512 __attribute__((noinline)) void decode_pair_tile(const Problem& p,
     if (ahead) {
       group_rows(g + 1, next);
       const int64_t n_rows = std::min<int64_t>(16, rows - 16 * (g + 1));
-      const char* sc = reinterpret_cast<const char*>(p.scale + (n0 + 16 * (g + 1)) * p.lds);
-      for (int64_t b = 0; b < n_rows * p.lds * 2; b += 64) tiles::prefetch_l1(sc + b);
+      tiles::prefetch_range_l1(p.scale + (n0 + 16 * (g + 1)) * p.lds, n_rows * p.lds * 2);
     }
     for (int64_t c = 0; c < kc / kChunk; ++c) {
       if (ahead && c % 8 == 0)

@@ -64,18 +64,18 @@ class Scratch {
 // A prefetch as asm: gcc 12 deleted a loop of __builtin_prefetch / _mm_prefetch whose bound is not a
 // constant (as a loop without effect), and no prefetch instruction was emitted.
 inline void prefetch_l1(const char* a) { asm volatile("prefetcht0 %0" : : "m"(*a)); }
+// Bytes [a, a + n) into L1, a prefetch a line.
+inline void prefetch_range_l1(const void* a, int64_t n) {
+  for (int64_t b = 0; b < n; b += 64) prefetch_l1(static_cast<const char*>(a) + b);
+}
 
 // The codes and scales of W rows [n0, n0 + kRows) into L1 while the tile before them is computed.
 // Without it, rows of >= 512 bytes (K >= 2048) read from L3 or DRAM ran 1.6-1.7x slower than from
 // L2 at M 1 on Zen 4 (rows of 256 bytes did not): the hardware prefetchers missed the pattern.
 TERNARY_TILES inline void prefetch_rows(const Problem& p, int64_t n0) {
   const int64_t rows = std::min<int64_t>(kRows, p.N - n0);
-  for (int64_t r = 0; r < rows; ++r) {
-    const char* row = reinterpret_cast<const char*>(p.row(n0 + r));
-    for (int64_t b = 0; b < p.ldp; b += 64) prefetch_l1(row + b);
-    const char* sc = reinterpret_cast<const char*>(p.scale + (n0 + r) * p.lds);
-    for (int64_t b = 0; b < p.lds * 2; b += 64) prefetch_l1(sc + b);
-  }
+  for (int64_t r = 0; r < rows; ++r) prefetch_range_l1(p.row(n0 + r), p.ldp);  // a tail row is not beside the others
+  prefetch_range_l1(p.scale + n0 * p.lds, rows * p.lds * 2);                   // the scale rows are contiguous
 }
 
 // Tiles [t0, t1) of kRows W rows: per tile, every piece through piecewise(piece, rows, sc, wbuf,
