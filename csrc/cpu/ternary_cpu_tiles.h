@@ -74,8 +74,9 @@ inline void prefetch_range_l1(const void* a, int64_t n) {
 // L2 at M 1 on Zen 4 (rows of 256 bytes did not): the hardware prefetchers missed the pattern.
 TERNARY_TILES inline void prefetch_rows(const Problem& p, int64_t n0) {
   const int64_t rows = std::min<int64_t>(kRows, p.N - n0);
-  for (int64_t r = 0; r < rows; ++r) prefetch_range_l1(p.row(n0 + r), p.ldp);  // a tail row is not beside the others
-  prefetch_range_l1(p.scale + n0 * p.lds, rows * p.lds * 2);                   // the scale rows are contiguous
+  // row by row (a row may be in the tail copy); the scale rows are contiguous
+  for (int64_t r = 0; r < rows; ++r) prefetch_range_l1(p.row(n0 + r), p.ldp);
+  prefetch_range_l1(p.scale + n0 * p.lds, rows * p.lds * 2);
 }
 
 // Tiles [t0, t1) of kRows W rows: per tile, every piece through piecewise(piece, rows, sc, wbuf,
