@@ -201,6 +201,32 @@ def test_integer_case_is_exact(m):
     assert torch.equal(y[m - 1], bias), f"seed {seed}"
 
 
+
+@needs_kernel_cpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("m", [2, 64], ids=["decode_m", "tile_m"])
+def test_low_precision_y_is_the_fp32_y_rounded_once(m, dtype):
+    """A bf16 / fp16 x gives y rounded once from the fp32 result, as torch rounds (nearest even):
+    the tile kernel writes y in x's dtype itself. Integer x with absmax 127 and unit scales make
+    y an exact integer (|y| ~ 2000, past the 8 / 11 significant bits of bf16 / fp16), so many
+    results are rounding ties; x in fp32 holds the same values (the op widens x exactly)."""
+    seed = _seed("rounded once", m, str(dtype))
+    g = torch.Generator().manual_seed(seed)
+    n, k = 70, 1500
+    codes = torch.randint(-1, 2, (n, k), generator=g, dtype=torch.int8)
+    packed, scale = fmt.pack_ternary(codes), torch.ones(n, fmt.scale_cols(k), dtype=torch.float16)
+    x = torch.randint(-127, 128, (m, k), generator=g).to(dtype)
+    x[:, 0] = 127.0
+    bias = torch.randint(-5, 6, (n,), generator=g).to(dtype)
+    exact = (x.double() @ codes.double().t() + bias.double()).float()
+    assert torch.equal(torch.ops.ternary_serve.gemm_w2a8(x.float(), packed, scale, bias.float(), 128, 0), exact)
+    # a tie: nudged up and down by 2^-20 (a change fp32 holds: |y| < 2^17), it rounds two ways
+    ties = int(((exact * (1 + 2.0**-20)).to(dtype) != (exact * (1 - 2.0**-20)).to(dtype)).sum())
+    assert ties >= 10, f"only {ties} rounding ties in the case (seed {seed})"
+    y = torch.ops.ternary_serve.gemm_w2a8(x, packed, scale, bias, 128, 0)
+    assert y.dtype == dtype and torch.equal(y, exact.to(dtype)), (
+        f"seed {seed}: {int((y != exact.to(dtype)).sum())} of {y.numel()} elements not the fp32 result rounded")
+
 def _run_subprocess(code: str, **env) -> subprocess.CompletedProcess:
     full_env = {**os.environ, "PYTHONPATH": str(REPO), **env}
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=full_env, timeout=300,

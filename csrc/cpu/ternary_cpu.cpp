@@ -428,13 +428,21 @@ torch::Tensor gemm_w2a8_cpu(const torch::Tensor& x,                   // [M, K] 
                     S,
                     sx.data_ptr<float>(),
                     bias ? bias_f.data_ptr<float>() : nullptr};
-  const auto yf = dt == at::kFloat ? y : torch::empty({M, N}, x.options().dtype(at::kFloat));  // [M, N] fp32
-  if (poison_outputs()) yf.fill_(std::numeric_limits<float>::quiet_NaN());
-  float* yp = yf.data_ptr<float>();
+  // The AVX-512 tile writes y in x's dtype itself; the other paths write fp32 y, and each thread
+  // converts its columns (at M 2048, N 6144 the fp32 copy and its conversion were a quarter of
+  // the op's time: 50 MB more written and read than y)
+  const bool direct = !small && !avx2;
+  const auto yf = dt == at::kFloat || direct ? y : torch::empty({M, N}, x.options().dtype(at::kFloat));  // [M, N]
+  if (poison_outputs()) {
+    y.fill_(std::numeric_limits<float>::quiet_NaN());
+    if (!yf.is_same(y)) yf.fill_(std::numeric_limits<float>::quiet_NaN());
+  }
+  const int y_kind = !direct || dt == at::kFloat ? 0 : dt == at::kBFloat16 ? 1 : 2;  // yf's: w8_rows_tile
+  float* yp = y_kind == 0 ? yf.data_ptr<float>() : nullptr;
   const int64_t threads = at::get_num_threads();
   // y's columns [n0, n1) in x's dtype, by the thread that computed them (no region of its own)
   auto finish = [&](int64_t n0, int64_t n1) {
-    if (dt == at::kFloat) return;
+    if (dt == at::kFloat || direct) return;
     const at::AutoDispatchBelowADInplaceOrView below_autograd;  // worker threads: fresh dispatch state
     y.narrow(1, n0, n1 - n0).copy_(yf.narrow(1, n0, n1 - n0));
   };
@@ -466,8 +474,8 @@ torch::Tensor gemm_w2a8_cpu(const torch::Tensor& x,                   // [M, K] 
       const auto tile = torch::empty({rows, 4 * row_bytes}, packed.options());             // [rows/16, .., 16, 4] u8
       const auto ws_tile = torch::empty({rows / 16, S, 16}, x.options().dtype(at::kFloat));  // fp32 scales
       for (int64_t t = t0; t < t1; ++t)
-        w8_rows_tile(p, t * rows, std::min(N, (t + 1) * rows), tile.data_ptr<uint8_t>(), ws_tile.data_ptr<float>(), yp);
-      finish(t0 * rows, std::min(N, t1 * rows));
+        w8_rows_tile(p, t * rows, std::min(N, (t + 1) * rows), tile.data_ptr<uint8_t>(), ws_tile.data_ptr<float>(),
+                     yf.data_ptr(), y_kind);
     });
   }
   return y;

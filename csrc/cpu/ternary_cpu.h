@@ -128,9 +128,10 @@ void w8_entries_row(const W8Plan& plan, const int8_t* q, int8_t* xe_row, int32_t
 //   small M (decode): the codes decoded in registers, each once per group of x rows;
 //   large M (tile):   W rows decoded once into tile ([rows / 16, 16 ceil(K/64), 16, 4] u8,
 //                     ws_tile [rows / 16, S, 16] fp32, this thread's) and every x row run over them.
-//   y: [M, N] fp32
+//   y: [M, N] fp32 (decode); in `y_kind` (tile: 0 fp32, 1 bf16, 2 fp16 bits, x's dtype: rounded to
+//   nearest even once, as torch converts, so the op's bf16 / fp16 output needs no fp32 copy of y)
 void w8_rows_decode(const W8Problem& p, int64_t n0, int64_t n1, float* y);
-void w8_rows_tile(const W8Problem& p, int64_t n0, int64_t n1, uint8_t* tile, float* ws_tile, float* y);
+void w8_rows_tile(const W8Problem& p, int64_t n0, int64_t n1, uint8_t* tile, float* ws_tile, void* y, int y_kind);
 // The tile's W rows that fit in `bytes` for K (>= 32, a multiple of 32).
 int64_t w8_tile_rows(int64_t K, int64_t bytes);
 
