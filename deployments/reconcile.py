@@ -98,15 +98,7 @@ def reconcile_cluster(app: str | None, timeout: float, restart_bad: bool, progre
             unreachable.append(f"{app_name}/{dep_name}: no running replica")
             continue
         progress["step"] = f"{app_name}/{dep_name}: ternary_shards() of {len(listed)} replica(s)"
-        handle = serve.get_deployment_handle(dep_name, app_name)
-        reports, errors, deadline = {}, [], time.time() + timeout
-        while set(listed) - set(reports) and time.time() < deadline:
-            try:
-                rep = handle.ternary_shards.remote().result(timeout_s=max(1.0, min(30.0, deadline - time.time())))
-                reports[rep["replica"]] = rep
-            except Exception as exc:  # a dead engine, a replica or node going away, a timeout
-                errors.append(f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0][:200]}")
-                time.sleep(0.5)
+        reports, errors = ask_each(serve.get_deployment_handle(dep_name, app_name), listed, timeout)
         for replica in sorted(set(listed) - set(reports)):
             node = nodes.get(listed[replica], listed[replica])
             why = f"; last error: {errors[-1]}" if errors else ""
@@ -140,6 +132,34 @@ def reconcile_cluster(app: str | None, timeout: float, restart_bad: bool, progre
                 ray.kill(actor, no_restart=True)  # Serve starts a replacement
                 print(f"restarting replica {replica} of {app_name}/{dep_name}")
     return rows, unreachable
+
+
+# After an answer from a replica already heard from, the next call waits (doubling, up to the
+# cap): Serve routes each call to some replica, so the calls meant for a replica that is slow to be
+# routed to (restarting, or too loaded to answer the router's 0.1 s queue-length probe) land on the
+# healthy ones, each digesting every layer of every rank. Without the pause the job asked them back
+# to back for its whole timeout (~8 calls a second on MiniLM): both cores of the 2-core CI machine
+# went to it, a restarting replica could not come back, and new drivers could not start.
+REPEAT_PAUSE_S = (0.25, 2.0)
+
+
+def ask_each(handle, listed: dict, timeout: float) -> tuple[dict, list[str]]:
+    """ternary_shards() of every replica in ``listed`` (replica id -> node id), through the
+    deployment's handle, until each answered or ``timeout`` passed: (replica id -> report, the
+    errors met)."""
+    reports, errors, deadline, pause = {}, [], time.time() + timeout, 0.0
+    while set(listed) - set(reports) and time.time() < deadline:
+        try:
+            rep = handle.ternary_shards.remote().result(timeout_s=max(1.0, min(30.0, deadline - time.time())))
+        except Exception as exc:  # a dead engine, a replica or node going away, a timeout
+            errors.append(f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0][:200]}")
+            time.sleep(0.5)
+            continue
+        if rep["replica"] in reports:
+            pause = min(REPEAT_PAUSE_S[1], max(REPEAT_PAUSE_S[0], 2 * pause))
+            time.sleep(max(0.0, min(pause, deadline - time.time())))
+        reports[rep["replica"]] = rep
+    return reports, errors
 
 
 GAUGES = {

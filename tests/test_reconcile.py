@@ -135,3 +135,56 @@ def test_ray_is_not_imported_before_the_driver_setting():
     proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.strip() == "[]", proc.stdout
+
+
+class _Clock:
+    """time.time / time.sleep of deployments.reconcile, on a clock that only the calls move."""
+
+    def __init__(self):
+        self.now, self.slept = 1000.0, 0.0
+
+    def time(self):
+        return self.now
+
+    def sleep(self, seconds):
+        self.slept += seconds
+        self.now += seconds
+
+
+class _Router:
+    """A deployment handle whose router sends ternary_shards() to replica "a" until `b_after`
+    calls have been made (then to "b"; never, if None); each answer takes 70 ms (MiniLM's)."""
+
+    def __init__(self, clock, b_after):
+        self.clock, self.b_after, self.calls = clock, b_after, 0
+        self.ternary_shards = self
+
+    def remote(self):
+        return self
+
+    def result(self, timeout_s):
+        self.calls += 1
+        self.clock.now += 0.07
+        replica = "b" if self.b_after is not None and self.calls > self.b_after else "a"
+        return {"replica": replica}
+
+
+@pytest.mark.parametrize("b_after", [None, 5], ids=["b_never_routed", "b_routed_late"])
+def test_asking_every_replica_does_not_race_the_ones_that_answered(monkeypatch, b_after):
+    """Serve routes each call to some replica: while one is slow to be routed to, the job's calls
+    land on the others. They are paced (at most one every REPEAT_PAUSE_S[1] once paused long
+    enough), where they used to come back to back for the whole timeout (857 calls in 60 s here,
+    on the CI failures' 2 cores with a restarting replica); one that is routed to late is heard."""
+    from deployments import reconcile
+
+    clock = _Clock()
+    monkeypatch.setattr(reconcile, "time", clock)
+    router = _Router(clock, b_after)
+    reports, errors = reconcile.ask_each(router, {"a": "node-1", "b": "node-2"}, timeout=60)
+    assert errors == []
+    if b_after is None:
+        assert set(reports) == {"a"} and clock.now >= 1060
+        assert router.calls <= 60 / reconcile.REPEAT_PAUSE_S[1] + 8, router.calls
+    else:
+        assert set(reports) == {"a", "b"} and router.calls == b_after + 1
+        assert clock.slept < 2 * reconcile.REPEAT_PAUSE_S[1] * b_after
