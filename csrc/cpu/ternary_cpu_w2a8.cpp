@@ -277,12 +277,13 @@ TERNARY_VNNI inline __m256i bf16_rne(__m512 v) {
                                           _mm512_set1_epi32(0x7FC00000));
   return _mm512_cvtepi32_epi16(_mm512_srli_epi32(r, 16));
 }
-// 16 fp32 results to y + at in y's dtype (kind 0 fp32, 1 bf16, 2 fp16), lanes `mask`.
-TERNARY_VNNI inline void store_y(void* y, int kind, int64_t at, __mmask16 mask, __m512 v) {
-  if (kind == 0) {
+// 16 fp32 results to y + at in y's dtype (KIND 0 fp32, 1 bf16, 2 fp16), lanes `mask`.
+template <int KIND>
+TERNARY_VNNI inline void store_y(void* y, int64_t at, __mmask16 mask, __m512 v) {
+  if constexpr (KIND == 0) {
     _mm512_mask_storeu_ps(static_cast<float*>(y) + at, mask, v);
   } else {
-    const __m256i h = kind == 1 ? bf16_rne(v) : _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    const __m256i h = KIND == 1 ? bf16_rne(v) : _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     _mm256_mask_storeu_epi16(static_cast<uint16_t*>(y) + at, mask, h);
   }
 }
@@ -290,9 +291,9 @@ TERNARY_VNNI inline void store_y(void* y, int kind, int64_t at, __mmask16 mask, 
 // One register block of the tile kernel: 16 NV W rows (lanes) x MT x rows, over all of K.
 //   tile: [NV][G4, 16, 4] u8 at stride ldg (a 16-row group's bytes); ws: [NV][S, 16] fp32;
 //   x4: [M, E] int32 (4 xq bytes an entry)
-template <int NV, int MT>
+template <int NV, int MT, int KIND>
 TERNARY_VNNI void w8_tile_block(const W8Problem& p, const uint8_t* tile, int64_t ldg, const float* ws, int64_t m0,
-                                int64_t n0, int64_t valid, void* y, int y_kind) {
+                                int64_t n0, int64_t valid, void* y) {
   const W8Plan& plan = *p.plan;
   const int32_t* x4 = reinterpret_cast<const int32_t*>(p.xe);
   __m512 sum[NV][MT];
@@ -325,24 +326,24 @@ TERNARY_VNNI void w8_tile_block(const W8Problem& p, const uint8_t* tile, int64_t
     const __mmask16 mask = static_cast<__mmask16>((1u << lanes) - 1);
     const __m512 bias = p.bias ? _mm512_maskz_loadu_ps(mask, p.bias + n0 + 16 * v) : _mm512_setzero_ps();
     for (int i = 0; i < MT; ++i)
-      store_y(y, y_kind, (m0 + i) * p.N + n0 + 16 * v, mask,
+      store_y<KIND>(y, (m0 + i) * p.N + n0 + 16 * v, mask,
               _mm512_fmadd_ps(sum[v][i], _mm512_set1_ps(p.sx[m0 + i]), bias));
   }
 }
 
-template <int NV>
+template <int NV, int KIND>
 TERNARY_VNNI void w8_tile_all_m(const W8Problem& p, const uint8_t* tile, int64_t ldg, const float* ws, int64_t n0,
-                                int64_t valid, int64_t m_begin, int64_t m_end, void* y, int y_kind) {
+                                int64_t valid, int64_t m_begin, int64_t m_end, void* y) {
   int64_t m0 = m_begin;
   // 2 x 16 W rows and 6 x rows: 12 int32 accumulators, 12 fp32 sums, 2 weight vectors and an x
   // broadcast in the 32 zmm; 12 vpdpbusd for 2 weight loads and 6 broadcasts
-  for (; m0 + 6 <= m_end; m0 += 6) w8_tile_block<NV, 6>(p, tile, ldg, ws, m0, n0, valid, y, y_kind);
+  for (; m0 + 6 <= m_end; m0 += 6) w8_tile_block<NV, 6, KIND>(p, tile, ldg, ws, m0, n0, valid, y);
   switch (m_end - m0) {
-    case 5: w8_tile_block<NV, 5>(p, tile, ldg, ws, m0, n0, valid, y, y_kind); break;
-    case 4: w8_tile_block<NV, 4>(p, tile, ldg, ws, m0, n0, valid, y, y_kind); break;
-    case 3: w8_tile_block<NV, 3>(p, tile, ldg, ws, m0, n0, valid, y, y_kind); break;
-    case 2: w8_tile_block<NV, 2>(p, tile, ldg, ws, m0, n0, valid, y, y_kind); break;
-    case 1: w8_tile_block<NV, 1>(p, tile, ldg, ws, m0, n0, valid, y, y_kind); break;
+    case 5: w8_tile_block<NV, 5, KIND>(p, tile, ldg, ws, m0, n0, valid, y); break;
+    case 4: w8_tile_block<NV, 4, KIND>(p, tile, ldg, ws, m0, n0, valid, y); break;
+    case 3: w8_tile_block<NV, 3, KIND>(p, tile, ldg, ws, m0, n0, valid, y); break;
+    case 2: w8_tile_block<NV, 2, KIND>(p, tile, ldg, ws, m0, n0, valid, y); break;
+    case 1: w8_tile_block<NV, 1, KIND>(p, tile, ldg, ws, m0, n0, valid, y); break;
     default: break;
   }
 }
@@ -421,10 +422,18 @@ TERNARY_VNNI void w8_rows_tile(const W8Problem& p, int64_t n0, int64_t n1, uint8
     const int64_t m_end = std::min(p.M, m_begin + mb);
     for (int64_t g = 0; g < groups; g += 2) {
       const int64_t valid = std::min<int64_t>(32, rows - 16 * g);
-      if (g + 1 < groups)
-        w8_tile_all_m<2>(p, tile + g * ldg, ldg, ws_tile + g * p.S * 16, n0 + 16 * g, valid, m_begin, m_end, y, y_kind);
-      else
-        w8_tile_all_m<1>(p, tile + g * ldg, ldg, ws_tile + g * p.S * 16, n0 + 16 * g, valid, m_begin, m_end, y, y_kind);
+      const uint8_t* t = tile + g * ldg;
+      const float* w = ws_tile + g * p.S * 16;
+      const int64_t n = n0 + 16 * g;
+      if (g + 1 < groups) {
+        if (y_kind == 0) w8_tile_all_m<2, 0>(p, t, ldg, w, n, valid, m_begin, m_end, y);
+        else if (y_kind == 1) w8_tile_all_m<2, 1>(p, t, ldg, w, n, valid, m_begin, m_end, y);
+        else w8_tile_all_m<2, 2>(p, t, ldg, w, n, valid, m_begin, m_end, y);
+      } else {
+        if (y_kind == 0) w8_tile_all_m<1, 0>(p, t, ldg, w, n, valid, m_begin, m_end, y);
+        else if (y_kind == 1) w8_tile_all_m<1, 1>(p, t, ldg, w, n, valid, m_begin, m_end, y);
+        else w8_tile_all_m<1, 2>(p, t, ldg, w, n, valid, m_begin, m_end, y);
+      }
     }
   }
 }
