@@ -138,8 +138,8 @@ def reconcile_cluster(app: str | None, timeout: float, restart_bad: bool, progre
 # cap): Serve routes each call to some replica, so the calls meant for a replica that is slow to be
 # routed to (restarting, or too loaded to answer the router's 0.1 s queue-length probe) land on the
 # healthy ones, each digesting every layer of every rank. Without the pause the job asked them back
-# to back for its whole timeout (~8 calls a second on MiniLM): both cores of the 2-core CI machine
-# went to it, a restarting replica could not come back, and new drivers could not start.
+# to back for its whole timeout (~5 calls a second on MiniLM): both cores of the 2-core CI machine
+# went to it, the restarted replica was not routed to, and new drivers got almost no CPU.
 REPEAT_PAUSE_S = (0.25, 2.0)
 
 
