@@ -201,7 +201,6 @@ def test_integer_case_is_exact(m):
     assert torch.equal(y[m - 1], bias), f"seed {seed}"
 
 
-
 @needs_kernel_cpu
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
 @pytest.mark.parametrize("m", [2, 64], ids=["decode_m", "tile_m"])
@@ -226,6 +225,7 @@ def test_low_precision_y_is_the_fp32_y_rounded_once(m, dtype):
     y = torch.ops.ternary_serve.gemm_w2a8(x, packed, scale, bias, 128, 0)
     assert y.dtype == dtype and torch.equal(y, exact.to(dtype)), (
         f"seed {seed}: {int((y != exact.to(dtype)).sum())} of {y.numel()} elements not the fp32 result rounded")
+
 
 def _run_subprocess(code: str, **env) -> subprocess.CompletedProcess:
     full_env = {**os.environ, "PYTHONPATH": str(REPO), **env}

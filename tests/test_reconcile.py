@@ -173,8 +173,8 @@ class _Router:
 def test_asking_every_replica_does_not_race_the_ones_that_answered(monkeypatch, b_after):
     """Serve routes each call to some replica: while one is slow to be routed to, the job's calls
     land on the others. They are paced (at most one every REPEAT_PAUSE_S[1] once paused long
-    enough), where they used to come back to back for the whole timeout (857 calls in 60 s here,
-    on the CI failures' 2 cores with a restarting replica); one that is routed to late is heard."""
+    enough), where they used to come back to back for the whole timeout (857 calls in this fake
+    60 s; ~5 a second on the CI failures' 2 cores); one that is routed to late is heard."""
     from deployments import reconcile
 
     clock = _Clock()
