@@ -43,7 +43,7 @@ if have_cuda:
         CUDAExtension(
             "ternary_plugin._C",
             ["csrc/ternary_ops.cpp", "csrc/ternary_gemm.cu", "csrc/ternary_mma.cu", "csrc/ternary_tiled.cu",
-             "csrc/ternary_wgmma.cu", "csrc/ternary_wgmma_s8.cu", *SCHEMA, *cpu],
+             "csrc/ternary_wgmma.cu", "csrc/ternary_wgmma_s8.cu", "csrc/ternary_humming_gemv.cu", *SCHEMA, *cpu],
             depends=["csrc/ternary_common.cuh", "csrc/ternary_mma.cuh", "csrc/ternary_wgmma.h", "csrc/ternary_wgmma.cuh",
                      "csrc/ternary_wgmma_s8.h", "csrc/ternary_check.h", "csrc/cpu/ternary_cpu.h", "csrc/cpu/ternary_cpu_tiles.h"],
             extra_link_args=LINK_FLAGS,

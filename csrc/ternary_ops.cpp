@@ -23,6 +23,10 @@ cudaError_t launch_mma(bool bf16, const void* x, const uint8_t* packed, const __
 cudaError_t launch_tiled(bool bf16, const void* x, const uint8_t* packed, const __half* scale, const void* bias,
                          void* y, int M, int N, int K, int ldp, int lds, int block_size, int k_offset, int tile,
                          cudaStream_t stream);
+int humming_gemv_k_split(int N, int K, int sms);
+cudaError_t launch_humming_gemv(bool bf16, const void* x, const uint32_t* wq, const void* scale, const void* bias,
+                                void* y, float* work, unsigned int* counters, int M, int N, int K, int k_split,
+                                cudaStream_t stream);
 }  // namespace ternary
 
 namespace {
@@ -274,6 +278,61 @@ std::tuple<torch::Tensor, torch::Tensor> quantize_int8(const torch::Tensor& x) {
   return {xq, sx};
 }
 
+// torch.ops.ternary_serve.humming_gemv: M <= 16 on a layer holding Humming's int2 group-128
+// layout for float activations (csrc/ternary_humming_gemv.cu draws the layout and the kernel).
+// k_split: CTAs along K, 0 = auto (enough CTAs to fill the GPU); > 1 sums in an fp32 workspace
+// (a slice a split, added in split order: deterministic).
+torch::Tensor humming_gemv(const torch::Tensor& x,       // [M, K] bf16/fp16
+                           const torch::Tensor& weight,  // [K/16, N] int32, Humming's transformed codes
+                           const torch::Tensor& scale,   // [K/128, N] x.dtype, Humming's transformed scales
+                           const std::optional<torch::Tensor>& bias,  // [N] x.dtype, in W's row order
+                           int64_t k_split) {
+#define CHECK_HG(cond, ...) TERNARY_CHECK_ARG("ternary_serve::humming_gemv: ", cond, __VA_ARGS__)
+  CHECK_HG(x.is_cuda() && weight.is_cuda() && scale.is_cuda(), "x, weight and weight_scale must be CUDA tensors");
+  CHECK_HG(x.device() == weight.device() && x.device() == scale.device(), "x, weight, weight_scale on different devices");
+  CHECK_HG(x.dim() == 2 && x.is_contiguous() && (x.scalar_type() == at::kBFloat16 || x.scalar_type() == at::kHalf),
+           "x must be a contiguous 2-D bf16 or fp16 tensor [M, K], got ", x.scalar_type(), " ", x.sizes());
+  const int64_t M = x.size(0), K = x.size(1);
+  CHECK_HG(M >= 1 && M <= 16, "x has M=", M, " rows: the kernel takes 1 to 16");
+  CHECK_HG(K % 128 == 0 && K > 0, "K=", K, " must be a positive multiple of 128 (the layout's scale groups)");
+  CHECK_HG(weight.scalar_type() == at::kInt && weight.dim() == 2 && weight.is_contiguous() && weight.size(0) == K / 16,
+           "weight must be Humming's contiguous int32 [K/16=", K / 16, ", N], got ", weight.scalar_type(), " ",
+           weight.sizes());
+  const int64_t N = weight.size(1);
+  CHECK_HG(N % 64 == 0 && N > 0, "N=", N, " must be a positive multiple of 64 (Humming's layout)");
+  CHECK_HG(scale.scalar_type() == x.scalar_type() && scale.dim() == 2 && scale.is_contiguous() &&
+               scale.size(0) == K / 128 && scale.size(1) == N,
+           "weight_scale must be contiguous [K/128=", K / 128, ", N=", N, "] in x's dtype ", x.scalar_type(), ", got ",
+           scale.scalar_type(), " ", scale.sizes());
+  CHECK_HG(reinterpret_cast<uintptr_t>(x.data_ptr()) % 4 == 0 && reinterpret_cast<uintptr_t>(weight.data_ptr()) % 8 == 0 &&
+               reinterpret_cast<uintptr_t>(scale.data_ptr()) % 16 == 0,
+           "x must be 4-byte, weight 8-byte and weight_scale 16-byte aligned");
+  if (bias) {
+    CHECK_HG(bias->is_cuda() && bias->dim() == 1 && bias->size(0) == N && bias->scalar_type() == x.scalar_type(),
+             "bias must be [N] in x's dtype on x's device");
+  }
+  CHECK_HG(k_split >= 0 && k_split <= K / 128, "k_split must be 0 (auto) or 1 to K/128=", K / 128, ", got ", k_split);
+  const at::cuda::OptionalCUDAGuard guard(x.device());
+  cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+  const int sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
+  const int splits = k_split > 0 ? static_cast<int>(k_split) : ternary::humming_gemv_k_split(N, K, sms);
+  auto y = torch::empty({M, N}, x.options());
+  // k_split > 1: each split's fp32 sums [splits, M, N], and one counter a 64-row block, zeroed
+  const torch::Tensor work = splits > 1 ? torch::empty({splits, M, N}, x.options().dtype(at::kFloat)) : torch::Tensor();
+  const torch::Tensor counters = splits > 1 ? torch::zeros({N / 64}, x.options().dtype(at::kInt)) : torch::Tensor();
+  const torch::Tensor b = bias ? bias->contiguous() : torch::Tensor();
+  check_cuda_error(ternary::launch_humming_gemv(x.scalar_type() == at::kBFloat16, x.data_ptr(),
+                                                reinterpret_cast<const uint32_t*>(weight.data_ptr<int32_t>()),
+                                                scale.data_ptr(), bias ? b.data_ptr() : nullptr, y.data_ptr(),
+                                                splits > 1 ? work.data_ptr<float>() : nullptr,
+                                                splits > 1 ? reinterpret_cast<unsigned int*>(counters.data_ptr<int32_t>())
+                                                           : nullptr,
+                                                M, N, K, splits, stream),
+                   "humming_gemv_kernel launch", M, N, K);
+  return y;
+#undef CHECK_HG
+}
+
 // W [N, K] in `dtype` (bf16/fp16): the large-M path's first half, exposed for benchmarks.
 torch::Tensor dequantize(const torch::Tensor& packed, const torch::Tensor& scale, int64_t K, int64_t block_size,
                          int64_t k_offset, at::ScalarType dtype) {
@@ -305,4 +364,5 @@ TORCH_LIBRARY_IMPL(ternary_serve, CUDA, m) {
   m.impl("dequantize", &dequantize);
   m.impl("gemm_w2a8_path", &gemm_w2a8_path);
   m.impl("quantize_int8", &quantize_int8);
+  m.impl("humming_gemv", &humming_gemv);
 }

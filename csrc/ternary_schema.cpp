@@ -30,6 +30,10 @@ TORCH_LIBRARY(ternary_serve, m) {
         "int k_split=0) -> Tensor");
   // The mode's activation quantization alone: (xq int8 [M, K], sx float32 [M]), for tests.
   m.def("quantize_int8(Tensor x) -> (Tensor, Tensor)");
+  // M <= 16 over a layer's Humming int2 group-128 tensors (float activations): weight int32
+  // [K/16, N] and weight_scale [K/128, N] as HummingLayer.transform() leaves them, bias in W's row
+  // order (csrc/ternary_humming_gemv.cu); CUDA only. k_split: CTAs along K, 0 = auto.
+  m.def("humming_gemv(Tensor x, Tensor weight, Tensor weight_scale, Tensor? bias, int k_split=0) -> Tensor");
   m.def("dequantize(Tensor packed, Tensor scale, int K, int block_size, int k_offset, ScalarType dtype) -> Tensor");
 }
 

@@ -29,8 +29,10 @@ GEMV, MMA, DEQUANT, TILED, WGMMA = 1, 2, 3, 4, 5
 # The int8-activation mode's kernels (their own ops, not gemm_path's): the s8 wgmma kernel
 # (gemm_w2a8_path) and the reference (activations.reference_linear_w2a8 on the GPU)
 WGMMA_S8, W2A8_REFERENCE = 6, 7
+# This repository's small-M kernel over Humming's tensors (its own op, humming_gemv)
+HUMMING_GEMV = 8
 KERNEL_NAMES = {GEMV: "gemv", MMA: "mma.sync", DEQUANT: "dequantize + cuBLAS", TILED: "tiled", WGMMA: "wgmma",
-                WGMMA_S8: "wgmma s8", W2A8_REFERENCE: "W2A8 reference"}
+                WGMMA_S8: "wgmma s8", W2A8_REFERENCE: "W2A8 reference", HUMMING_GEMV: "mma.sync on Humming's layout"}
 
 # The tensor-core kernel's 8-warp CTAs (16 W rows x 32 tokens) resident per SM: 119 registers a
 # thread in the sm_90a build (ptxas report), 2 CTAs an SM on the H200. The one-wave rule below uses
@@ -72,6 +74,9 @@ LIMITS: tuple[Limit, ...] = (
           "int8 activations on Hopper: smallest M x N that takes this repository's s8 wgmma kernel on a layer that "
           "also holds Humming's layout, Humming's int2 x int8 below (band Q2; 1: ours at every M, no Humming layout; "
           "0: Humming at every M)"),
+    Limit("TERNARY_HUMMING_GEMV_MAX_M", 0,
+          "on a layer holding Humming's layout (float activations), largest M that takes this repository's small-M "
+          "kernel over Humming's tensors (band HG; 0: Humming's kernel at every M; at most 16)"),
     Limit("TERNARY_HUMMING_MIN_WEIGHTS", 16_777_216,
           "smallest N x K of a layer that takes Humming's layout when `TERNARY_GPU_BACKEND` is auto (0: every "
           "eligible layer)"),
@@ -144,7 +149,7 @@ class Choice:
 
     @property
     def kernel_name(self) -> str:
-        return "humming int2" if self.backend == "humming" else KERNEL_NAMES[self.kernel]
+        return "humming int2" if self.backend == "humming" and not self.kernel else KERNEL_NAMES[self.kernel]
 
 
 def wgmma_s8_aligned(c: Call) -> bool:
@@ -274,6 +279,14 @@ HUMMING_BAND = Band(
     "repository's 1.31/0.53/0.70x; on the 0.6B shapes it lost at every M (1.17 vs 2.45x at M 1, 0.48 vs 0.67x at 256)",
     lambda c, d, l: True,
 )
+HUMMING_GEMV_BAND = Band(
+    "HG", "the layer holds Humming's layout (plan_layout), float activations, M <= TERNARY_HUMMING_GEMV_MAX_M "
+          "(Humming's layout: N % 64 == 0, K % 128 == 0)", HUMMING_GEMV,
+    "mma.sync m16n8k16 with Humming's words as its A fragments, 64 W rows a CTA, K split over CTAs to fill the GPU "
+    "(csrc/ternary_humming_gemv.cu)",
+    "PENDING: the H200 run of benchmarks/probes/humming_gemv.py",
+    lambda c, d, l: c.m <= min(16, l["TERNARY_HUMMING_GEMV_MAX_M"]),
+)
 BOTH_BAND = Band(
     "H2", "the layer holds both layouts (TERNARY_GPU_BACKEND=both): this repository's kernel where bands 1-9 give "
           "mma.sync at M <= 8 or wgmma at M >= 256, Humming elsewhere", 0,
@@ -302,9 +315,11 @@ def _plan(call: Call, dev: Device, lim_items: tuple[tuple[str, int], ...]) -> Ch
 
 def plan(call: Call, dev: Device, layout: str = "ternary", lim: dict[str, int] | None = None) -> Choice:
     """The kernel for ``call`` on ``dev`` (``lim``: the limits, default from the environment)."""
-    if layout == "humming":
-        return Choice("humming", 0, HUMMING_BAND.name)
     lim = lim if lim is not None else limits()
+    if layout == "humming":
+        if HUMMING_GEMV_BAND.when(call, dev, lim):
+            return Choice("humming", HUMMING_GEMV, HUMMING_GEMV_BAND.name)
+        return Choice("humming", 0, HUMMING_BAND.name)
     ours = _plan(call, dev, tuple(sorted(lim.items())))
     if layout == "both" and not _ours_on_both(ours, call.m, lim):
         return Choice("humming", 0, BOTH_BAND.name)
@@ -432,7 +447,7 @@ def plan_layout(n: int, k: int, block_size: int, k_offset: int, dev: Device, *, 
 
 def markdown() -> str:
     rows = ["| band | condition (M, N, K, GPU) | kernel, tile | why (measurement) |", "|---|---|---|---|"]
-    for b in (*BANDS, HUMMING_BAND, BOTH_BAND):
+    for b in (*BANDS, HUMMING_GEMV_BAND, HUMMING_BAND, BOTH_BAND):
         rows.append(f"| {b.name} | {b.condition} | {b.tile} | {b.reason} |")
     rows += ["", "int8 activations (`activation_dtype: int8`, per-token scales):", "",
              "| band | condition | kernel, tile | why (measurement) |", "|---|---|---|---|"]
@@ -448,8 +463,6 @@ def markdown() -> str:
 def describe(n: int, k: int, dev: Device, layout: str, max_m: int = 16384, w2a8: bool = False) -> str:
     """The bands one layer takes from M 1 to max_m, e.g. "M 1-32 mma.sync (1, 2), 33-64 tiled (4), ...";
     ``w2a8``: in the int8-activation mode (W2A8_BANDS)."""
-    if layout == "humming" and not w2a8:
-        return f"M 1-{max_m} humming int2 (band {HUMMING_BAND.name})"
     # Every rule is constant between these M: the kernels' token tiles (16, 32, 64, 128, 256 tokens)
     # change their CTA counts only at 32j + 1, and the limits are the other edges.
     lim = limits()

@@ -68,6 +68,46 @@ def from_humming_weight(words: torch.Tensor, k: int) -> torch.Tensor:
     return (u - OFFSET).reshape(words.shape[0], k).to(torch.int8)
 
 
+# The humming-kernels versions whose float-activation int2 layout ``transformed_reference`` describes
+# (and csrc/ternary_humming_gemv.cu reads): another version's layers keep Humming's own kernel at every M.
+GEMV_LAYOUT_VERSIONS = ("0.1.20",)
+
+
+def transformed_reference(weight: torch.Tensor, weight_scale: torch.Tensor) -> dict[str, torch.Tensor]:
+    """What ``HummingLayer.transform()`` (humming-kernels 0.1.20, int2 group 128, bf16 / fp16
+    activations) leaves of ``to_humming_tensors``'s ``weight`` int32 [N, K/16] and ``weight_scale``
+    [N, K/128], in pure torch: ``weight`` int32 [K/16, N], every code recoded from offset binary to
+    sign-magnitude (0 -> 00, +1 -> 01, -1 -> 11; Humming keeps offset binary only where some code
+    is -2, which ternary weights never hold) and word T[r, c]'s code p (bits 2p, 2p+1) the weight
+    of row 64(c>>6) + 32(c&1) + 16((p>>2)&1) + 8((p>>1)&1) + ((c>>3)&7), column 16r + 8(p&1) +
+    2((c>>1)&3) + (p>>3) (mma.sync m16n8k16's A fragments); ``weight_scale`` [K/128, N], each
+    64-row block's 8 x 8 transposed (scale[G, 64b + 8g + j] is row 64b + 16(j>>1) + 8(j&1) + g's).
+    Read from Humming's source (layer.py transform, transform.py, kernel/process.cuh) and tested
+    against the real transform on the GPU (tests/test_humming_gemv_gpu.py)."""
+    n, k = weight.shape[0], weight.shape[1] * CODES_PER_WORD
+    if n % 64 or k % 32:
+        raise ValueError(f"Humming's layout needs N % 64 == 0 and K % 32 == 0, got N={n}, K={k}")
+    shifts = torch.arange(0, 2 * CODES_PER_WORD, 2, dtype=torch.int64, device=weight.device)
+    u = ((weight.to(torch.int64).unsqueeze(-1) >> shifts) & 0b11).flatten(-2)  # [N, K] offset binary
+    if bool((u == 0).any()):
+        raise ValueError("a code is -2: Humming keeps offset binary there, not the ternary layout")
+    v = u - OFFSET
+    codes = torch.where(v < 0, 2, 0) | v.abs()  # sign-magnitude
+    # n = 64 bx + 32 jj + 16 a + 8 b + g, k = 16 r + 8 e + 2 h + d -> word (r, bx, g, h, jj), code (d, a, b, e)
+    c = codes.view(n // 64, 2, 2, 2, 8, k // 16, 2, 4, 2).permute(5, 0, 4, 7, 1, 8, 2, 3, 6)
+    words = (c.reshape(k // 16, n, CODES_PER_WORD) << shifts).sum(-1)
+    words = torch.where(words >= 2**31, words - 2**32, words).to(torch.int32)
+    groups = weight_scale.shape[1]
+    sc = weight_scale.t().contiguous().view(groups, n // 64, 8, 8).transpose(-1, -2).reshape(groups, n)
+    return {"weight": words.contiguous(), "weight_scale": sc.contiguous()}
+
+
+def gemv_ready(layer: torch.nn.Module) -> bool:
+    """Whether torch.ops.ternary_serve.humming_gemv can read this built layer's tensors: float
+    activations, sign-magnitude codes, the version whose layout it reads (set by build_layer)."""
+    return bool(getattr(layer, "ternary_gemv", False))
+
+
 def build_layer(packed: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None, k: int, dtype: torch.dtype,
                 activation_dtype: str | None = None, tuned: bool = True) -> torch.nn.Module:
     """A transformed ``humming.layer.HummingLayer`` holding the layer's codes on packed's device.
@@ -93,6 +133,8 @@ def build_layer(packed: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | 
         # tiles ride on this layer's forward rather than on each call site
         layer.forward = functools.partial(type(layer).forward, layer, tuning_config=tiles)
     layer.ternary_tiles = tiles
+    layer.ternary_gemv = (activation_dtype is None and packed.is_cuda and str(layer.humming_config.b_dtype) == "float2e0m1"
+                          and _gpu(packed.device)[2] in GEMV_LAYOUT_VERSIONS)
     return layer
 
 

@@ -252,7 +252,11 @@ def _register_cuda_gemm() -> None:
         hl = humming_backend.attached(packed)
         if hl is not None:  # the layer holds Humming's layout (ternary_plugin/linear.py)
             layer, layout = hl
-            if layout == "humming" or cuda_plan(x, packed, block_size, k_offset, "both").backend == "humming":
+            choice = cuda_plan(x, packed, block_size, k_offset, layout)
+            if (choice.kernel == dispatch.HUMMING_GEMV and humming_backend.gemv_ready(layer)
+                    and x.dtype == layer.weight_scale.dtype):
+                return torch.ops.ternary_serve.humming_gemv(x.contiguous(), layer.weight, layer.weight_scale, bias)
+            if choice.backend == "humming":
                 y = layer(x)
                 return y if bias is None else y + bias
         choice = cuda_plan(x, packed, block_size, k_offset)
@@ -301,6 +305,11 @@ def _register_fake() -> None:
         torch.library.register_fake(f"{OP_NAMESPACE}::gemm_w2a8", _w2a8_fake)
         torch.library.register_fake(f"{OP_NAMESPACE}::gemm_w2a8_path", _w2a8_fake)
         torch.library.register_fake(f"{OP_NAMESPACE}::quantize_int8", _quantize_fake)
+
+    if hasattr(ns, "humming_gemv"):  # an extension built before the kernel over Humming's layout has none
+        torch.library.register_fake(f"{OP_NAMESPACE}::humming_gemv",
+                                    lambda x, weight, weight_scale, bias, k_split=0: x.new_empty((x.shape[0],
+                                                                                                  weight.shape[1])))
 
     @torch.library.register_fake(f"{OP_NAMESPACE}::dequantize")
     def _dequantize_fake(packed, scale, k, block_size, k_offset, dtype):

@@ -286,6 +286,30 @@ def test_a_layer_with_both_layouts_keeps_our_kernel_at_small_m_and_on_wgmma_from
         24576, 4096, H200, "both")
 
 
+def test_a_humming_layer_takes_our_kernel_over_its_tensors_up_to_the_limit():
+    """Band HG: on Humming's layout, M <= TERNARY_HUMMING_GEMV_MAX_M takes humming_gemv (the op checks
+    the layer's dtype and version at the call), above it Humming's kernel; the limit is capped at
+    the kernel's 16 tokens and 0 switches it off. Any GPU: the layout exists only where plan_layout
+    gave it."""
+
+    def on_humming(m, edge, dev=H200):
+        c = d.plan(d.Call(m, 24576, 4096), dev, "humming", lim=dict(LIM, TERNARY_HUMMING_GEMV_MAX_M=edge))
+        return c.kernel_name, c.band, c.backend
+
+    assert on_humming(1, 16) == ("mma.sync on Humming's layout", "HG", "humming")
+    assert on_humming(16, 16) == ("mma.sync on Humming's layout", "HG", "humming")
+    assert on_humming(17, 16) == ("humming int2", "H", "humming")
+    assert on_humming(1, 16, dev=A100)[1] == "HG"
+    assert on_humming(4, 4)[1] == "HG" and on_humming(5, 4)[1] == "H"
+    assert on_humming(1, 0)[1] == "H"
+    assert on_humming(17, 64)[1] == "H"  # the kernel's 16 tokens
+    assert d.plan(d.Call(8, 24576, 4096), H200, "both", lim=LIM).band == "1"  # both layouts: ours on its own
+    edge = LIM["TERNARY_HUMMING_GEMV_MAX_M"]
+    text = d.describe(24576, 4096, H200, "humming")
+    assert text == (f"M 1-{edge} mma.sync on Humming's layout (HG), M {edge + 1}-16384 humming int2 (H)" if edge
+                    else "M 1-16384 humming int2 (H)")
+
+
 def test_humming_layers_are_found_by_their_packed_tensor_only_while_it_lives():
     packed = torch.zeros(4, 32, dtype=torch.uint8)
     layer = torch.nn.Identity()
