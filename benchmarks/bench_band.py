@@ -18,6 +18,8 @@ back-to-back calls, inputs rotated past 2x L2, median of --replays replays):
 - ours_w2a8_us: this repository's s8 wgmma kernel (torch.ops.ternary_serve.gemm_w2a8_path, auto
   tiling; activation quantization included), and with --s8-sweep its time at each k_split
   (`s8_split_us`) where M <= 1024;
+- humming_gemv_us: this repository's small-M kernel over Humming's tensors (torch.ops.ternary_serve.humming_gemv,
+  M <= 16; band HG where the op takes it);
 - ternary_w2a8_us: the plugin's int8-activation mode (dispatch.plan_layout / plan_w2a8: our s8 kernel
   or Humming's int2 x int8; null where no W2A8 kernel serves the layer).
 Every variant is checked against a float64 reference before it is timed (relative error in the row).
@@ -47,7 +49,7 @@ MODELS = {
 }
 MS = [1, 4, 16, 32, 64, 128, 256, 512, 1024, 4096, 16384]
 KEYS = ("ternary_us", "ours_us", "both_us", "cublas_bf16_us", "humming_w2a16_us", "humming_w2a8_us",
-        "humming_w2a16_tiles_us", "humming_w2a8_tiles_us", "ours_w2a8_us", "ternary_w2a8_us")
+        "humming_w2a16_tiles_us", "humming_w2a8_tiles_us", "ours_w2a8_us", "ternary_w2a8_us", "humming_gemv_us")
 
 
 def _rel(y: torch.Tensor, ref: torch.Tensor) -> float:
@@ -81,6 +83,7 @@ def bench_layer(model, layer, k, n, m, l2, replays, humming_ok, s8_sweep=False):
     row["cublas_bf16_us"] = time_graph([lambda i=i: torch.mm(xs[i % len(xs)], ws[i].t()) for i in range(copies_b)],
                                        replays)
     row["humming_w2a16_us"] = row["humming_w2a8_us"] = row["humming_w2a16_tiles_us"] = row["humming_w2a8_tiles_us"] = None
+    row["humming_gemv_us"] = None
     row["tiles"] = {}
     if humming_ok:
         for mode, key in ((None, "humming_w2a16"), ("int8", "humming_w2a8")):
@@ -99,6 +102,14 @@ def bench_layer(model, layer, k, n, m, l2, replays, humming_ok, s8_sweep=False):
                                                    for i in range(copies_t)], replays)
             if not tiled:
                 row[key + "_tiles_us"] = row[key + "_us"]
+            if (mode is None and m <= 16 and humming_backend.gemv_ready(layers[0])
+                    and hasattr(torch.ops.ternary_serve, "humming_gemv")):
+                hg = torch.ops.ternary_serve.humming_gemv
+                errors["humming_gemv"] = _rel(hg(xs[0], layers[0].weight, layers[0].weight_scale, None), ref)
+                if errors["humming_gemv"] < 1e-2:
+                    row["humming_gemv_us"] = time_graph([lambda i=i: hg(xs[i % len(xs)], layers[i].weight,
+                                                                        layers[i].weight_scale, None)
+                                                         for i in range(copies_t)], replays)
             del layers
     dev = dispatch.device_of(0)
     row["ours_w2a8_us"] = None
@@ -121,8 +132,7 @@ def bench_layer(model, layer, k, n, m, l2, replays, humming_ok, s8_sweep=False):
     layout, why = dispatch.plan_layout(n, k, 128, 0, dev, backend="auto", humming_importable=humming_ok,
                                        humming_tiles=row["tiles"].get("w2a16", False))
     row["layout"], row["layout_why"] = layout, why
-    row["backend"] = "humming int2" if layout == "humming" else f"ternary: {row['ours_kernel']}"
-    row["ternary_us"] = _humming(row, "w2a16") if layout == "humming" else row["ours_us"]
+    row["backend"], row["ternary_us"] = op_pick(row, dev)
     derive_both(row, dev, humming_ok)
     derive_w2a8(row, dev, humming_ok)
     for key in KEYS:
@@ -138,6 +148,19 @@ def _humming(row: dict, mode: str) -> float | None:
     (results older than the table: Humming's heuristic)."""
     tiled = row.get(f"humming_{mode}_tiles_us")
     return tiled if tiled is not None else row[f"humming_{mode}_us"]
+
+
+def op_pick(row: dict, dev) -> tuple[str, float | None]:
+    """What the op runs for the row's layer at its M and its time: on Humming's layout band HG
+    (humming_gemv, where timed) or Humming's kernel, else this repository's kernel of the row."""
+    from ternary_plugin import dispatch
+
+    if row.get("layout") != "humming":
+        return f"ternary: {row['ours_kernel']}", row["ours_us"]
+    pick = dispatch.plan(dispatch.Call(row["M"], row["N"], row["K"]), dev, "humming")
+    if pick.kernel == dispatch.HUMMING_GEMV and row.get("humming_gemv_us") is not None:
+        return pick.kernel_name, row["humming_gemv_us"]
+    return "humming int2", _humming(row, "w2a16")
 
 
 def derive_both(row: dict, dev, humming_ok: bool) -> None:
@@ -186,13 +209,13 @@ def derive(path: Path) -> None:
                 row[f"humming_{mode}_tiles_us"] = row[f"humming_{mode}_us"]
             row["tiles"][mode] = humming_tiles.measured(result["gpu"], result["sms"], result["humming"], mode,
                                                         row["N"], row["K"])
-        if row.get("layout") == "humming":
-            row["ternary_us"] = _humming(row, "w2a16")
+        if "layout" in row:
+            row["backend"], row["ternary_us"] = op_pick(row, dev)
         derive_both(row, dev, humming_ok)
         derive_w2a8(row, dev, humming_ok)
     result["per_layer"] = per_layer(result["rows"])
-    result["derived"] = ("both_us, both_backend, w2a8_layout, w2a8_backend, ternary_w2a8_us, ternary_us on "
-                         "Humming's layout, the *_tiles_us where ternary_plugin/humming_tiles.json no longer covers "
+    result["derived"] = ("both_us, both_backend, w2a8_layout, w2a8_backend, ternary_w2a8_us, ternary_us and "
+                         "backend on Humming's layout (bands HG and H), the *_tiles_us where ternary_plugin/humming_tiles.json no longer covers "
                          "the M (then the heuristic's time of the same run) and per_layer recomputed from the timed "
                          "columns by `python benchmarks/bench_band.py --derive` with ternary_plugin/dispatch.py's "
                          "bands H2 and Q1/Q2/QH and the table")
@@ -231,20 +254,21 @@ def markdown(result: dict) -> str:
              "plugin runs by default (its layout and dispatch), `ours` this repository's kernels on the ternary "
              "layout, `both layouts` the plugin with TERNARY_GPU_BACKEND=both (twice the packed bytes on the "
              "layers that take it; per M the kernel of band H2, its time the timed one of that kernel):", "",
-             "| model | M | op | ours | op, both layouts | Humming w2a16 | op W2A8 | ours W2A8 | Humming w2a8 | "
-             "Humming w2a8, measured tiles | op us | op W2A8 us | cuBLAS us |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| model | M | op | ours | op, both layouts | Humming w2a16 | ours on Humming's layout | op W2A8 | "
+             "ours W2A8 | Humming w2a8 | Humming w2a8, measured tiles | op us | op W2A8 us | cuBLAS us |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for e in result["per_layer"]:
         lines.append(f"| {e['model']} | {e['M']} | {_x(e['speedup_ternary'])} | {_x(e['speedup_ours'])} | "
                      f"{_x(e['speedup_both'])} | "
-                     f"{_x(e['speedup_humming_w2a16'])} | {_x(e['speedup_ternary_w2a8'])} | "
+                     f"{_x(e['speedup_humming_w2a16'])} | {_x(e.get('speedup_humming_gemv'))} | "
+                     f"{_x(e['speedup_ternary_w2a8'])} | "
                      f"{_x(e.get('speedup_ours_w2a8'))} | "
                      f"{_x(e['speedup_humming_w2a8'])} | {_x(e.get('speedup_humming_w2a8_tiles'))} | "
                      f"{e['ternary_us']} | {e['ternary_w2a8_us'] or '-'} | {e['cublas_bf16_us']} |")
     lines += ["", "Per layer (us):", "",
-              "| model | layer | M | K | N | op | backend | ours | cuBLAS bf16 | Humming w2a16 | Humming w2a8 | Humming w2a8, "
-              "measured tiles | op W2A8 | ours w2a8 (by k_split) | rel. err. |",
-              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+              "| model | layer | M | K | N | op | backend | ours | cuBLAS bf16 | Humming w2a16 | ours on Humming's layout | "
+              "Humming w2a8 | Humming w2a8, measured tiles | op W2A8 | ours w2a8 (by k_split) | rel. err. |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in result["rows"]:
         errs = ", ".join(f"{k} {v:.1e}" for k, v in r["rel_err"].items())
         sweep = r.get("s8_split_us")
@@ -252,6 +276,7 @@ def markdown(result: dict) -> str:
                                                    if sweep else "")
         lines.append(f"| {r['model']} | {r['layer']} | {r['M']} | {r['K']} | {r['N']} | {r['ternary_us']} | "
                      f"{r['backend']} | {r['ours_us']} | {r['cublas_bf16_us']} | {r['humming_w2a16_us'] or '-'} | "
+                     f"{r.get('humming_gemv_us') or '-'} | "
                      f"{r['humming_w2a8_us'] or '-'} | "
                      f"{r.get('humming_w2a8_tiles_us') if r.get('tiles', {}).get('w2a8') else '-'} | "
                      f"{r['ternary_w2a8_us'] or '-'} ({r.get('w2a8_backend', '-')}) | {s8} | {errs} |")

@@ -21,7 +21,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from benchmarks.bench_band import SHAPES  # noqa: E402
+from benchmarks.bench_band import MODELS  # noqa: E402
 from benchmarks.bench_kernel import random_layers, rotating_copies, time_graph  # noqa: E402
 
 
@@ -86,7 +86,7 @@ def main(argv=None) -> int:
     l2 = props.L2_cache_size
     rows = []
     for model in args.models:
-        for layer, k, n in SHAPES[model]:
+        for layer, k, n in MODELS[model]:
             for m in args.ms:
                 row = bench(model, layer, k, n, m, l2, args.replays)
                 rows.append(row)
