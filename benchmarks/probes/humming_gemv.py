@@ -105,10 +105,36 @@ def main(argv=None) -> int:
                               "humming_vs_cublas": round(tot["cublas_bf16_us"] / tot["humming_us"], 3),
                               "ours_vs_cublas": round(tot["cublas_bf16_us"] / tot["ours_ternary_us"], 3)})
             print(per_layer[-1], flush=True)
-    Path(args.out).write_text(json.dumps({"gpu": props.name, "sms": props.multi_processor_count,
-                                          "torch": torch.__version__, "command": " ".join(sys.argv),
-                                          "rows": rows, "per_layer": per_layer}, indent=1))
+    result = {"gpu": props.name, "sms": props.multi_processor_count, "torch": torch.__version__,
+              "command": " ".join(sys.argv), "rows": rows, "per_layer": per_layer}
+    Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
+    Path(args.out).with_suffix(".md").write_text(markdown(result))
     return 0
+
+
+def markdown(result: dict) -> str:
+    lines = [f"# Small M on Humming's layout: humming_gemv on {result['gpu']} ({result['sms']} SMs)", "",
+             f"torch {result['torch']}. Command: `{result['command']}`. Medians of CUDA-graph replays, inputs "
+             "rotated past 2x L2 (bench_kernel.py's harness). `gemv`: torch.ops.ternary_serve.humming_gemv (auto "
+             "k_split); `Humming`: Humming's kernel on the same tensors with the tiles the op takes; `ours "
+             "(ternary layout)`: torch.ops.ternary_serve.gemm on the format's layout; cuBLAS: bf16 on the "
+             "dequantized weight.", "", "Per decoder layer (the four linear layers summed), us and speed-up over "
+             "cuBLAS bf16:", "",
+             "| model | M | gemv | Humming | ours (ternary layout) | cuBLAS | gemv x | Humming x | ours x |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for e in result["per_layer"]:
+        lines.append(f"| {e['model']} | {e['M']} | {e['humming_gemv_us']} | {e['humming_us']} | {e['ours_ternary_us']} | "
+                     f"{e['cublas_bf16_us']} | {e['gemv_vs_cublas']:.2f}x | {e['humming_vs_cublas']:.2f}x | "
+                     f"{e['ours_vs_cublas']:.2f}x |")
+    lines += ["", "Per layer:", "", "| model | layer | M | K | N | gemv us | GB/s | by k_split | Humming us | ours us | "
+              "cuBLAS us | rel. err. |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in result["rows"]:
+        split = ", ".join(f"{s}: {v}" for s, v in r["k_split_us"].items())
+        errs = ", ".join(f"{k} {v:.1e}" for k, v in r["rel_err"].items())
+        lines.append(f"| {r['model']} | {r['layer']} | {r['M']} | {r['K']} | {r['N']} | {r['humming_gemv_us']} | "
+                     f"{r['humming_gemv_GBps']} | {split} | {r['humming_us']} | {r['ours_ternary_us']} | "
+                     f"{r['cublas_bf16_us']} | {errs} |")
+    return "\n".join(lines) + "\n"
 
 
 if __name__ == "__main__":
