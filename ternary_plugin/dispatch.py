@@ -284,7 +284,8 @@ HUMMING_GEMV_BAND = Band(
           "(Humming's layout: N % 64 == 0, K % 128 == 0)", HUMMING_GEMV,
     "mma.sync m16n8k16 with Humming's words as its A fragments, 64 W rows a CTA, K split over CTAs to fill the GPU "
     "(csrc/ternary_humming_gemv.cu)",
-    "PENDING: the H200 run of benchmarks/probes/humming_gemv.py",
+    "not measured yet, so off by default: built and its layout tested on the CPU, never run on a GPU (2026-12-05: no "
+    "device lent); `bash benchmarks/gpu/gpu_e2e_run.sh setup humming_gemv` times it against Humming at M 1-16",
     lambda c, d, l: c.m <= min(16, l["TERNARY_HUMMING_GEMV_MAX_M"]),
 )
 BOTH_BAND = Band(

@@ -10,6 +10,8 @@
 #   bash benchmarks/gpu/gpu_e2e_run.sh setup tiles         # build, Humming's tests with the measured tiles, bench_band.py
 #   bash benchmarks/gpu/gpu_e2e_run.sh wgmma               # the wgmma kernel's tests, memcheck, bench at M >= 64
 #   ORDER="mma floor" bash benchmarks/probes/run_probes.sh  # kernels alone, outside torch (seconds; no setup)
+#   bash benchmarks/gpu/gpu_e2e_run.sh setup humming_gemv  # the kernel over Humming's layout (band HG): tests,
+#                                                   # bench_band, its probe, memcheck (carry .whl only)
 #   bash benchmarks/gpu/gpu_e2e_run.sh profile_tiled       # ncu on the tiled kernel (profile: the small-M one)
 #                                                   # (also alone in one call, without the vLLM payload:
 #                                                   #  carry .whl only)
@@ -122,6 +124,25 @@ stage_kernel() {
   tail -4 "$OUT/memcheck.log"
   python3 benchmarks/bench_kernel.py --out "$OUT" --replays 50 > "$LOGS/bench_kernel.log" 2>&1 || tail -20 "$LOGS/bench_kernel.log"
   grep -E "^Geometric|^Worst|^Tiled kernel|^wgmma kernel|WRONG" "$OUT/kernel-h200-detail.md"
+}
+
+# The kernel over Humming's layout (band HG, csrc/ternary_humming_gemv.cu; off by default until this
+# stage has run): its GPU tests, bench_band.py with the band on at every M <= 16 (kernel-h200.*; the
+# default edge is then set from it and the JSON re-derived with --derive), the probe's per-layer
+# k_split sweep (humming-gemv-h200.*), memcheck on its small cases. ~8 min with setup on a fresh machine.
+stage_humming_gemv() {
+  python3 -m pytest -q -p no:cacheprovider tests/test_humming_gemv_gpu.py > "$OUT/hg_tests.log" 2>&1
+  tail -2 "$OUT/hg_tests.log"; grep -E "^FAILED|^ERROR" "$OUT/hg_tests.log" | head -20
+  TERNARY_HUMMING_GEMV_MAX_M=16 timeout ${BAND_TIMEOUT:-260} python3 benchmarks/bench_band.py --out "$OUT" \
+    --models ${BAND_MODELS:-8B 0.6B 0.6B/tp4} > "$LOGS/bench_band.log" 2>&1 || tail -30 "$LOGS/bench_band.log"
+  grep -E "^8B|^0.6B" "$LOGS/bench_band.log" | tail -12
+  python3 benchmarks/probes/humming_gemv.py "$OUT/humming-gemv-h200.json" --models 8B --ms 1 4 16 \
+    > "$LOGS/humming_gemv.log" 2>&1 || tail -20 "$LOGS/humming_gemv.log"
+  grep -E "^\{" "$LOGS/humming_gemv.log"
+  timeout 100 compute-sanitizer --tool memcheck --report-api-errors no --print-limit 20 python3 -m pytest -q \
+    -p no:cacheprovider tests/test_humming_gemv_gpu.py \
+    -k "(64-128 or 1024-2048-13 or 4096-12288-1-) and bf16 and bias and reference" > "$OUT/memcheck_hg.log" 2>&1
+  tail -3 "$OUT/memcheck_hg.log"
 }
 
 # The dispatch table and Humming's layout (the band issue): the GPU tests of every kernel and
