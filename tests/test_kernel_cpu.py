@@ -233,11 +233,12 @@ def _run_subprocess(code: str, **env) -> subprocess.CompletedProcess:
     return _run_python(["-c", code], **env)
 
 
-def _check_shapes_here() -> None:
-    """Every SHAPES case in both dtypes with a bias: run by test_both_regimes_everywhere in a
-    process whose TERNARY_CPU_SMALL_M_MAX forces one regime."""
+def _check_shapes_here(dtypes: tuple[str, ...] = tuple(DTYPES)) -> None:
+    """Every SHAPES case in `dtypes` with a bias: run by test_both_regimes_everywhere in a
+    process whose TERNARY_CPU_SMALL_M_MAX forces one regime (and by
+    test_every_bf16_tile_kernel_everywhere, whose TERNARY_CPU_BF16_TILE forces one tile kernel)."""
     for m, n, k, k_offset, bs, reason in SHAPES:
-        for dtype in DTYPES.values():
+        for dtype in (DTYPES[d] for d in dtypes):
             x, packed, scale, bias, what = _case(m, n, k, k_offset, bs, reason, dtype, True)
             _check(x, packed, scale, bias, bs, k_offset, what)
 
@@ -253,6 +254,48 @@ def test_both_regimes_everywhere(small_m_max):
         TERNARY_CPU_SMALL_M_MAX=small_m_max, TERNARY_CPU_POISON="1",
     )
     assert proc.returncode == 0 and "CHECKED" in proc.stdout, proc.stderr[-3000:]
+
+
+# bf16 x past small M takes one of three tile kernels (ternary_cpu.cpp: bf16_tile_kernel): oneDNN's
+# brgemm on our VNNI tile (AMX) below GEMM_MIN_M_AMX and oneDNN's GEMM on the dequantized tile from
+# it where AMX runs, the pair-major kernel elsewhere.
+AMX_FLAGS = {"amx_tile", "amx_bf16"}
+HAS_AMX = AMX_FLAGS <= cpu_isa.cpu_flags()
+GEMM_MIN_M_AMX = 256
+
+
+@needs_kernel_cpu
+@pytest.mark.parametrize("tile", ["pair", "brgemm", "gemm"])
+def test_every_bf16_tile_kernel_everywhere(tile):
+    """TERNARY_CPU_BF16_TILE (read once per process) forces one tile kernel for every bf16 case of
+    SHAPES, past small M everywhere (TERNARY_CPU_SMALL_M_MAX=0), the output poisoned: on any
+    AVX-512 CPU, so the kernels the auto rule takes on other CPUs are checked here too (brgemm
+    runs oneDNN's AVX-512 code where there is no AMX)."""
+    proc = _run_subprocess(
+        "import tests.test_kernel_cpu as t; t._check_shapes_here(('bf16',)); print('CHECKED')",
+        TERNARY_CPU_BF16_TILE=tile, TERNARY_CPU_SMALL_M_MAX="0", TERNARY_CPU_POISON="1",
+    )
+    assert proc.returncode == 0 and "CHECKED" in proc.stdout, proc.stderr[-3000:]
+
+
+@needs_kernel_cpu
+@pytest.mark.skipif(FORCED_ISA == "avx2" or bool(os.environ.get("TERNARY_CPU_BF16_TILE")),
+                    reason="TERNARY_CPU_ISA=avx2 or TERNARY_CPU_BF16_TILE set: the auto rule is not in force")
+def test_bf16_tile_kernel_follows_amx():
+    """The auto rule: small M below 3 rows; then brgemm, and gemm from GEMM_MIN_M_AMX, where the
+    CPU has AMX-BF16 (/proc/cpuinfo: amx_tile, amx_bf16); the pair-major kernel without."""
+    q = torch.ops.ternary_serve.cpu_bf16_tile_kernel
+    assert q(1) == q(2) == ""
+    for m in (3, 16, GEMM_MIN_M_AMX - 1, GEMM_MIN_M_AMX, 4096):
+        want = ("gemm" if m >= GEMM_MIN_M_AMX else "brgemm") if HAS_AMX else "pair"
+        assert q(m) == want, (m, q(m), sorted(AMX_FLAGS & cpu_isa.cpu_flags()))
+
+
+def test_bad_bf16_tile_request_is_named():
+    proc = _run_subprocess("import torch, ternary_plugin._C; torch.ops.ternary_serve.cpu_bf16_tile_kernel(16)",
+                           TERNARY_CPU_BF16_TILE="fast")
+    assert proc.returncode != 0 and "TERNARY_CPU_BF16_TILE=fast: must be auto, pair, brgemm or gemm" in proc.stderr, (
+        proc.stderr[-2000:])
 
 
 # (what to break, the argument builder, the message the error must match)

@@ -30,6 +30,8 @@
 // its tiling: ternary_cpu_w2a8.cpp; asked first through cpu_w2a8_isa()).
 
 #include <ATen/Parallel.h>
+#include <ATen/cpu/Utils.h>
+#include <ATen/native/CPUBlas.h>
 #include <torch/library.h>
 #include <torch/torch.h>
 
@@ -64,6 +66,14 @@ constexpr int64_t kPairTileBytes = 512 * 1024;
 // better on the Qwen3-0.6B layers at M 128-512, bf16, 1 thread (Qwen3 down M 512: 16.0 vs 17.1 ms).
 constexpr int64_t kTileBytes = 1024 * 1024;
 
+// The brgemm tile kernel (bf16 x past small M where the CPU has AMX-BF16): its W rows a thread
+// decodes at once, and the x rows of one brgemm call.
+constexpr int64_t kBrgemmTileBytes = 512 * 1024;
+constexpr int64_t kBrgemmRows = 64;
+// Where AMX runs, the smallest M of bf16 x that takes the dequantized tile and oneDNN's GEMM
+// rather than the brgemm tile (bf16_tile_kernel).
+constexpr int64_t kGemmMinMAmx = 256;
+
 int64_t env_int(const char* name, int64_t fallback) {
   const char* e = std::getenv(name);
   return e ? std::atoll(e) : fallback;
@@ -73,6 +83,27 @@ int64_t env_int(const char* name, int64_t fallback) {
 int64_t small_m_max(bool bf16) {
   static const int64_t forced = env_int("TERNARY_CPU_SMALL_M_MAX", -1);
   return forced >= 0 ? forced : bf16 ? kSmallMMaxBf16 : kSmallMMaxF32;
+}
+
+// bf16 x past small M, on AVX-512 (ternary_cpu.cpp's regimes above): "pair" (the pair-major
+// tile and our vdpbf16ps loop), "brgemm" (the VNNI tile and oneDNN's batch-reduce GEMM: AMX tiles
+// where the CPU has AMX-BF16) or "gemm" (the dequantized tile and oneDNN's whole GEMM, which
+// reorders it for AMX itself). Where AMX runs (at::cpu::init_amx: the CPU has it and Linux lets
+// this process use it) brgemm from M 3 and gemm from kGemmMinMAmx, else pair; measured on the
+// 2-core Xeon with AMX and the 2-core Zen 4 without: docs/kernel.md (CPU).
+// TERNARY_CPU_BF16_TILE=auto|pair|brgemm|gemm (read once per process) forces one.
+std::string bf16_tile_kernel(int64_t M) {
+  static const std::string req = [] {
+    const char* e = std::getenv("TERNARY_CPU_BF16_TILE");
+    const std::string r(e && *e ? e : "auto");
+    TORCH_CHECK(r == "auto" || r == "pair" || r == "brgemm" || r == "gemm", "TERNARY_CPU_BF16_TILE=", r,
+                ": must be auto, pair, brgemm or gemm");
+    return r;
+  }();
+  static const bool amx = at::cpu::init_amx();
+  if (req != "auto") return req;
+  if (!amx) return "pair";
+  return M >= kGemmMinMAmx ? "gemm" : "brgemm";
 }
 
 // Error messages as one string (csrc/ternary_check.h says why).
@@ -220,7 +251,42 @@ torch::Tensor gemm_cpu(const torch::Tensor& x,                  // [M, K] fp32 /
     return y;
   }
 
-  if (bf16 && k_offset % 2 == 0 && block_size % 2 == 0) {  // pair-major: no scale block cuts a pair
+  if (bf16 && bf16_tile_kernel(M) == "brgemm") {
+    // x once, zero-padded to whole chunks: [M, kc] bf16, the brgemm's A (lda kc)
+    const auto xin = torch::zeros({M, kc}, x.options());
+    xin.narrow(1, 0, K).copy_(x);
+    const VnniPlan vplan = make_vnni_plan(K, kc, block_size, k_offset);
+    const auto* xa = xin.data_ptr<at::BFloat16>();
+    auto* yb = reinterpret_cast<uint16_t*>(y.data_ptr<at::BFloat16>());
+    const int64_t threads = at::get_num_threads();
+    const int64_t fit = std::max<int64_t>(kVnniCols, kBrgemmTileBytes / (kc * 2) / kVnniCols * kVnniCols);
+    const int64_t rows = balanced_tile_rows(N, fit, threads, kVnniCols);
+    const int64_t tiles = (N + rows - 1) / rows;
+    at::parallel_for(0, tiles, 1, [&](int64_t t0, int64_t t1) {
+      const at::AutoDispatchBelowADInplaceOrView below_autograd;  // worker threads: fresh dispatch state
+      const auto tile = torch::empty({rows, kc}, x.options());  // [rows / kVnniCols, kc / 2, kVnniCols, 2]
+      const auto c = torch::empty({kBrgemmRows, kVnniCols}, x.options().dtype(at::kFloat));  // one call's C
+      auto* tb = reinterpret_cast<uint16_t*>(tile.data_ptr<at::BFloat16>());
+      for (int64_t t = t0; t < t1; ++t) {
+        const int64_t n0 = t * rows, n1 = std::min(N, n0 + rows);
+        vnni_rows_bf16(p, vplan, kc, n0, n1, tb);
+        // x rows kBrgemmRows at a time (their block in L1 / L2), each run over the tile's groups
+        for (int64_t m0 = 0; m0 < M; m0 += kBrgemmRows) {
+          const int64_t mt = std::min(kBrgemmRows, M - m0);
+          for (int64_t n = n0; n < n1; n += kVnniCols) {
+            at::native::cpublas::brgemm(mt, kVnniCols, kc, kc, kVnniCols, kVnniCols, false, xa + m0 * kc,
+                                        tile.data_ptr<at::BFloat16>() + (n - n0) * kc, c.data_ptr<float>(), true);
+            store_rows_bf16(c.data_ptr<float>(), kVnniCols, mt, std::min(kVnniCols, N - n), bias ? bias_f.data_ptr<float>() + n : nullptr,
+                            yb + m0 * N + n, N);
+          }
+        }
+      }
+      at::native::cpublas::brgemm_release(true);
+    });
+    return y;
+  }
+
+  if (bf16 && bf16_tile_kernel(M) == "pair" && k_offset % 2 == 0 && block_size % 2 == 0) {  // pair-major: no scale block cuts a pair
     // x once, zero-padded to whole chunks: [M, kc] bf16
     const auto xin = torch::zeros({M, kc}, x.options());
     xin.narrow(1, 0, K).copy_(x);
@@ -494,6 +560,11 @@ TORCH_LIBRARY_FRAGMENT(ternary_serve, m) {
   m.def("cpu_kernel_isa() -> str", [] { return ternary_cpu::kernel_isa(); });
   // "avx512_vnni" or "avx2": the code of the W2A8 kernel (gemm_w2a8, quantize_int8) this CPU runs, "" none
   m.def("cpu_w2a8_isa() -> str", [] { return ternary_cpu::w2a8_isa(); });
+  // The tile kernel bf16 x of M rows takes past small M on AVX-512: "pair", "brgemm" or "gemm"
+  // (ternary_cpu.cpp: bf16_tile_kernel); "" where M takes the small-M kernel
+  m.def("cpu_bf16_tile_kernel(int M) -> str", [](int64_t M) {
+    return M <= ternary_cpu::small_m_max(true) ? std::string() : ternary_cpu::bf16_tile_kernel(M);
+  });
 }
 
 TORCH_LIBRARY_IMPL(ternary_serve, CPU, m) {

@@ -48,6 +48,14 @@ struct PairPlan {
 };
 PairPlan make_pair_plan(int64_t K, int64_t block_size, int64_t k_offset);
 
+// The VNNI tile's (vnni_rows_bf16) columns: for each pair q of columns (2q, 2q + 1) of the
+// zero-padded K (kc), the scale column of each, or S for columns past K (scale 0 there).
+struct VnniPlan {
+  int64_t S = 0;                   // scale columns the shard reads: ceil((k_offset + K) / block_size)
+  std::vector<int32_t> b0, b1;     // [kc / 2]
+};
+VnniPlan make_vnni_plan(int64_t K, int64_t kc, int64_t block_size, int64_t k_offset);
+constexpr int64_t kVnniCols = 64;  // W rows a VNNI group: the N of one brgemm call
 struct Problem {
   int64_t M, N, K;
   const uint8_t* packed;   // [N, ldp] uint8 codes, ldp >= ceil(K/4)
@@ -165,6 +173,15 @@ void dequantize_rows_f32(const Problem& p, int64_t n0, int64_t rows, float* tile
 //   xb: [M, kc] bf16 bits, zero-padded to whole chunks; y: [M, N] bf16 bits
 void pair_rows_bf16(const Problem& p, const PairPlan& plan, const uint16_t* xb, int64_t kc, int64_t n0, int64_t n1,
                     uint16_t* tile, float* ws, uint16_t* y);
+// Past small M, bf16 x, for oneDNN's batch-reduce GEMM (at::native::cpublas::brgemm: AMX tiles
+// where the CPU has AMX-BF16): W rows [n0, n1) as the VNNI B matrices of kVnniCols rows each,
+// [ceil(rows / kVnniCols), kc / 2, kVnniCols, 2] bf16, value(code) * scale rounded to bf16 (as
+// dequantize_rows_bf16), zero past K and past the last row.
+void vnni_rows_bf16(const Problem& p, const VnniPlan& plan, int64_t kc, int64_t n0, int64_t n1, uint16_t* tile);
+// y[i, j] = bf16(c[i, j] + bias[j]) (rounded to nearest even) for i < rows, j < cols.
+//   c: [rows, ldc] fp32; bias: [cols] fp32 or nullptr; y: [rows, ldy] bf16 bits
+void store_rows_bf16(const float* c, int64_t ldc, int64_t rows, int64_t cols, const float* bias, uint16_t* y,
+                     int64_t ldy);
 
 // The AVX2 versions (ternary_cpu_avx2.cpp): x in fp32 for every input dtype.
 void small_m_avx2(const Problem& p, const float* xf, int64_t ldx, float* y, int64_t t0, int64_t t1);

@@ -336,14 +336,15 @@ TERNARY_AVX512 void dequantize_rows_f32(const Problem& p, int64_t n0, int64_t ro
 
 namespace {
 
-// Chunk c (8 packed bytes: 32 codes) of 16 W rows to 16 pair vectors at out, pair-major: vector
-// j = columns 32c + 2j, 32c + 2j + 1 of the 16 rows (row r in dword r, as bf16 +-1 / 0). The 16
-// qwords sit in two zmm; for each packed byte b, vpermt2b copies row r's byte b into both bytes
-// of words 2r and 2r + 1, vpsrlvw moves the word's code to its low bits (pair 2b: shifts 0 and
-// 2, pair 2b + 1: 4 and 6), vpermw reads the value from a table whose entry e is value(e & 3)
-// (the higher index bits, the next codes, ignored; the reserved 11 reads as 0, as
-// format.unpack_ternary). 3.5 instructions and a store per 32 weights.
-TERNARY_AVX512 inline void decode_pairs16(const uint8_t* const* rows, int64_t c, uint16_t* out) {
+// Chunk c (8 packed bytes: 32 codes) of 16 W rows as 16 pair vectors, pair-major: vector j =
+// columns 32c + 2j, 32c + 2j + 1 of the 16 rows (row r in dword r), each word table[code], handed
+// to sink(j, vector). The 16 qwords sit in two zmm; for each packed byte b, vpermt2b copies row
+// r's byte b into both bytes of words 2r and 2r + 1, vpsrlvw moves the word's code to its low bits
+// (pair 2b: shifts 0 and 2, pair 2b + 1: 4 and 6), vpermw reads the value from a table whose entry
+// e is value(e & 3) (table_w16: the higher index bits, the next codes, ignored; the reserved 11
+// reads as 0, as format.unpack_ternary). 3.5 instructions per 32 weights.
+template <class Sink>
+TERNARY_AVX512 inline void decode_pairs16(const uint8_t* const* rows, int64_t c, __m512i table, Sink&& sink) {
   const __m512i a = _mm512_set_epi64(
       static_cast<long long>(chunk_bits(rows[7], c)), static_cast<long long>(chunk_bits(rows[6], c)),
       static_cast<long long>(chunk_bits(rows[5], c)), static_cast<long long>(chunk_bits(rows[4], c)),
@@ -359,11 +360,10 @@ TERNARY_AVX512 inline void decode_pairs16(const uint8_t* const* rows, int64_t c,
                                         0x4848484840404040ll, 0x3838383830303030ll, 0x2828282820202020ll,
                                         0x1818181810101010ll, 0x0808080800000000ll);
   const __m512i shift_lo = _mm512_set1_epi32(0x00020000), shift_hi = _mm512_set1_epi32(0x00060004);
-  const __m512i table = table_w16(0x3F80, 0xBF80);  // bf16 +1, -1
   for (int byte = 0; byte < 8; ++byte) {
     const __m512i z = _mm512_permutex2var_epi8(a, _mm512_add_epi8(base, _mm512_set1_epi8(static_cast<char>(byte))), b);
-    _mm512_store_si512(out + (2 * byte) * 32, _mm512_permutexvar_epi16(_mm512_srlv_epi16(z, shift_lo), table));
-    _mm512_store_si512(out + (2 * byte + 1) * 32, _mm512_permutexvar_epi16(_mm512_srlv_epi16(z, shift_hi), table));
+    sink(2 * byte, _mm512_permutexvar_epi16(_mm512_srlv_epi16(z, shift_lo), table));
+    sink(2 * byte + 1, _mm512_permutexvar_epi16(_mm512_srlv_epi16(z, shift_hi), table));
   }
 }
 
@@ -436,6 +436,7 @@ TERNARY_AVX512 __attribute__((noinline)) void decode_pair_tile(const Problem& p,
   const auto group_rows = [&](int64_t g, const uint8_t** out) {
     for (int r = 0; r < 16; ++r) out[r] = 16 * g + r < rows ? p.row(n0 + 16 * g + r) : zero_row.data();
   };
+  const __m512i codes = table_w16(0x3F80, 0xBF80);  // bf16 +1, -1
   const uint8_t* src[16];
   group_rows(0, src);
   for (int64_t g = 0; g < groups; ++g) {
@@ -452,7 +453,8 @@ TERNARY_AVX512 __attribute__((noinline)) void decode_pair_tile(const Problem& p,
     for (int64_t c = 0; c < kc / kChunk; ++c) {
       if (ahead && c % 8 == 0)
         for (int r = 0; r < 16; ++r) tiles::prefetch_l1(reinterpret_cast<const char*>(next[r] + c * 8));
-      decode_pairs16(src, c, tile + g * ldg + c * 16 * 32);
+      uint16_t* out = tile + g * ldg + c * 16 * 32;
+      decode_pairs16(src, c, codes, [&](int j, __m512i v) TERNARY_AVX512 { _mm512_store_si512(out + j * 32, v); });
     }
     // missing rows of the last group: scale 0
     for (int64_t s = 0; s < S; ++s)
@@ -489,6 +491,54 @@ TERNARY_AVX512 void pair_rows_bf16(const Problem& p, const PairPlan& plan, const
   }
 }
 
+TERNARY_AVX512 void vnni_rows_bf16(const Problem& p, const VnniPlan& plan, int64_t kc, int64_t n0, int64_t n1,
+                                   uint16_t* tile) {
+  const int64_t pairs = kc / 2, rows = n1 - n0, groups = (rows + kVnniCols - 1) / kVnniCols, S = plan.S;
+  constexpr int kHalves = kVnniCols / 16;
+  const std::vector<uint8_t> zero_row(kc / 4 + 8, 0);
+  // The decoded word is 0x7FFF (+1), 0xFFFF (-1) or 0; with the scale's bf16 bits s and c =
+  // 0x8000, vpternlogd 0x68 gives bits 0-14 of s where the code is not 0 and bit 15 = s's sign
+  // xor the code's: +s, -s, or +-0 (x times a signed zero adds nothing).
+  const __m512i table = table_w16(0x7FFF, 0xFFFF), sign = _mm512_set1_epi16(static_cast<short>(0x8000));
+  // sv[(h * (S + 1) + b) * 16 + r]: the bf16 scale of block b of the group's row 16h + r in both
+  // words; zero for the missing rows of the last group and for b = S (the columns past K)
+  std::vector<uint32_t> sv(kHalves * (S + 1) * 16);
+  for (int64_t g = 0; g < groups; ++g) {
+    const uint8_t* src[kHalves][16];
+    for (int h = 0; h < kHalves; ++h)
+      for (int r = 0; r < 16; ++r) {
+        const int64_t row = kVnniCols * g + 16 * h + r;
+        src[h][r] = row < rows ? p.row(n0 + row) : zero_row.data();
+        for (int64_t b = 0; b <= S; ++b) {
+          const uint32_t v = row < rows && b < S ? bf16_round(half_to_float(p.scale[(n0 + row) * p.lds + b])) : 0u;
+          sv[(h * (S + 1) + b) * 16 + r] = v | v << 16;
+        }
+      }
+    uint16_t* out = tile + g * pairs * 2 * kVnniCols;  // [pairs, kVnniCols, 2]
+    for (int64_t c = 0; c < kc / kChunk; ++c)
+      for (int h = 0; h < kHalves; ++h) {
+        const uint32_t* svh = sv.data() + h * (S + 1) * 16;
+        decode_pairs16(src[h], c, table, [&](int j, __m512i v) TERNARY_AVX512 {
+          const int64_t q = 16 * c + j, b0 = plan.b0[q], b1 = plan.b1[q];
+          __m512i s = _mm512_loadu_si512(svh + b0 * 16);
+          if (b1 != b0) s = _mm512_mask_blend_epi16(0xAAAAAAAAu, s, _mm512_loadu_si512(svh + b1 * 16));  // column 2q + 1
+          _mm512_store_si512(out + q * 2 * kVnniCols + 32 * h, _mm512_ternarylogic_epi32(v, s, sign, 0x68));
+        });
+      }
+  }
+}
+
+TERNARY_AVX512 void store_rows_bf16(const float* c, int64_t ldc, int64_t rows, int64_t cols, const float* bias,
+                                    uint16_t* y, int64_t ldy) {
+  for (int64_t j = 0; j < cols; j += 16) {
+    const __mmask16 mask = static_cast<__mmask16>((1u << std::min<int64_t>(16, cols - j)) - 1);
+    const __m512 b = bias ? _mm512_maskz_loadu_ps(mask, bias + j) : _mm512_setzero_ps();
+    for (int64_t i = 0; i < rows; ++i)
+      _mm256_mask_storeu_epi16(y + i * ldy + j, mask,
+                               (__m256i)_mm512_cvtneps_pbh(_mm512_add_ps(_mm512_maskz_loadu_ps(mask, c + i * ldc + j), b)));
+  }
+}
+
 PairPlan make_pair_plan(int64_t K, int64_t block_size, int64_t k_offset) {
   PairPlan plan;
   for (int64_t j = 0; j < K;) {
@@ -496,6 +546,17 @@ PairPlan make_pair_plan(int64_t K, int64_t block_size, int64_t k_offset) {
     const int64_t j1 = std::min(K, (block + 1) * block_size - k_offset);
     plan.segments.push_back({block, j / 2, (j1 + 1) / 2});
     j = j1;
+  }
+  return plan;
+}
+
+VnniPlan make_vnni_plan(int64_t K, int64_t kc, int64_t block_size, int64_t k_offset) {
+  VnniPlan plan;
+  plan.S = (k_offset + K - 1) / block_size + 1;  // k_offset < block_size: local block = scale column
+  const auto block = [&](int64_t j) { return static_cast<int32_t>(j < K ? (k_offset + j) / block_size : plan.S); };
+  for (int64_t q = 0; q < kc / 2; ++q) {
+    plan.b0.push_back(block(2 * q));
+    plan.b1.push_back(block(2 * q + 1));
   }
   return plan;
 }
