@@ -77,6 +77,7 @@ SHAPES = [
     (33, 17, 384, 0, 128, "M 33: past fp32's small-M limit"),
     (130, 130, 256, 0, 128, "M 130, N 130"),
     (513, 17, 1000, 0, 128, "M 513: prefill"),
+    (2048, 4097, 64, 0, 128, "M 2048, N 4097: bf16 y past 16 MB (brgemm's streaming stores), rows unaligned"),
     (5, 77, 300, 0, 64, "block_size 64, partial last block"),
     (40, 33, 300, 0, 32, "block_size 32"),
     (3, 40, 2100, 0, 2048, "block_size 2048: two pieces a block"),
@@ -279,16 +280,21 @@ def test_every_bf16_tile_kernel_everywhere(tile):
 
 
 @needs_kernel_cpu
-@pytest.mark.skipif(FORCED_ISA == "avx2" or bool(os.environ.get("TERNARY_CPU_BF16_TILE")),
-                    reason="TERNARY_CPU_ISA=avx2 or TERNARY_CPU_BF16_TILE set: the auto rule is not in force")
 def test_bf16_tile_kernel_follows_amx():
     """The auto rule: small M below 3 rows; then brgemm, and gemm from GEMM_MIN_M_AMX, where the
-    CPU has AMX-BF16 (/proc/cpuinfo: amx_tile, amx_bf16); the pair-major kernel without."""
+    CPU has AMX-BF16 (/proc/cpuinfo: amx_tile, amx_bf16); the pair-major kernel without; none on
+    the AVX2 code (bf16 x runs as fp32 there). TERNARY_CPU_BF16_TILE, where set, overrides it."""
     q = torch.ops.ternary_serve.cpu_bf16_tile_kernel
+    forced = os.environ.get("TERNARY_CPU_BF16_TILE", "auto") or "auto"
     assert q(1) == q(2) == ""
     for m in (3, 16, GEMM_MIN_M_AMX - 1, GEMM_MIN_M_AMX, 4096):
-        want = ("gemm" if m >= GEMM_MIN_M_AMX else "brgemm") if HAS_AMX else "pair"
-        assert q(m) == want, (m, q(m), sorted(AMX_FLAGS & cpu_isa.cpu_flags()))
+        if FORCED_ISA == "avx2":
+            want = ""
+        elif forced != "auto":
+            want = forced
+        else:
+            want = ("gemm" if m >= GEMM_MIN_M_AMX else "brgemm") if HAS_AMX else "pair"
+        assert q(m) == want, (m, q(m), forced, sorted(AMX_FLAGS & cpu_isa.cpu_flags()))
 
 
 def test_bad_bf16_tile_request_is_named():

@@ -69,7 +69,9 @@ constexpr int64_t kTileBytes = 1024 * 1024;
 // The brgemm tile kernel (bf16 x past small M where the CPU has AMX-BF16): its W rows a thread
 // decodes at once, and the x rows of one brgemm call.
 constexpr int64_t kBrgemmTileBytes = 512 * 1024;
-constexpr int64_t kBrgemmRows = 64;
+constexpr int64_t kBrgemmRows = 128;
+constexpr int64_t kBrgemmXBlockBytes = 1024 * 1024;
+constexpr int64_t kStreamYBytes = 16 * 1024 * 1024;
 // Where AMX runs, the smallest M of bf16 x that takes the dequantized tile and oneDNN's GEMM
 // rather than the brgemm tile (bf16_tile_kernel).
 constexpr int64_t kGemmMinMAmx = 256;
@@ -262,6 +264,9 @@ torch::Tensor gemm_cpu(const torch::Tensor& x,                  // [M, K] fp32 /
     const int64_t fit = std::max<int64_t>(kVnniCols, kBrgemmTileBytes / (kc * 2) / kVnniCols * kVnniCols);
     const int64_t rows = balanced_tile_rows(N, fit, threads, kVnniCols);
     const int64_t tiles = (N + rows - 1) / rows;
+    // y past the caches is written with streaming stores (rows of y are N apart: a call's 128
+    // short rows evict each other from L1; Qwen3-0.6B gate_up M 2048: 24.5 vs 28.5 ms)
+    const bool stream = M * N * 2 >= kStreamYBytes;
     at::parallel_for(0, tiles, 1, [&](int64_t t0, int64_t t1) {
       const at::AutoDispatchBelowADInplaceOrView below_autograd;  // worker threads: fresh dispatch state
       const auto tile = torch::empty({rows, kc}, x.options());  // [rows / kVnniCols, kc / 2, kVnniCols, 2]
@@ -270,16 +275,20 @@ torch::Tensor gemm_cpu(const torch::Tensor& x,                  // [M, K] fp32 /
       for (int64_t t = t0; t < t1; ++t) {
         const int64_t n0 = t * rows, n1 = std::min(N, n0 + rows);
         vnni_rows_bf16(p, vplan, kc, n0, n1, tb);
-        // x rows kBrgemmRows at a time (their block in L1 / L2), each run over the tile's groups
-        for (int64_t m0 = 0; m0 < M; m0 += kBrgemmRows) {
-          const int64_t mt = std::min(kBrgemmRows, M - m0);
-          for (int64_t n = n0; n < n1; n += kVnniCols) {
-            at::native::cpublas::brgemm(mt, kVnniCols, kc, kc, kVnniCols, kVnniCols, false, xa + m0 * kc,
-                                        tile.data_ptr<at::BFloat16>() + (n - n0) * kc, c.data_ptr<float>(), true);
-            store_rows_bf16(c.data_ptr<float>(), kVnniCols, mt, std::min(kVnniCols, N - n), bias ? bias_f.data_ptr<float>() + n : nullptr,
-                            yb + m0 * N + n, N);
-          }
-        }
+        // x in blocks of kBrgemmXBlockBytes (L2, beside the tile); in each, a group of the tile (one
+        // B matrix, L1 / L2) runs over the block's x rows kBrgemmRows a call: each B read from
+        // memory once per x block. x rows outermost, a group's calls for one x block: 1.4-1.6x
+        // slower at M 128-512 (Qwen3-0.6B gate_up, 1 thread).
+        const int64_t xb = std::max<int64_t>(kBrgemmRows, kBrgemmXBlockBytes / (kc * 2) / kBrgemmRows * kBrgemmRows);
+        for (int64_t mx = 0; mx < M; mx += xb)
+          for (int64_t n = n0; n < n1; n += kVnniCols)
+            for (int64_t m0 = mx; m0 < std::min(M, mx + xb); m0 += kBrgemmRows) {
+              const int64_t mt = std::min(kBrgemmRows, M - m0);
+              at::native::cpublas::brgemm(mt, kVnniCols, kc, kc, kVnniCols, kVnniCols, false, xa + m0 * kc,
+                                          tile.data_ptr<at::BFloat16>() + (n - n0) * kc, c.data_ptr<float>(), true);
+              store_rows_bf16(c.data_ptr<float>(), kVnniCols, mt, std::min(kVnniCols, N - n),
+                              bias ? bias_f.data_ptr<float>() + n : nullptr, yb + m0 * N + n, N, stream);
+            }
       }
       at::native::cpublas::brgemm_release(true);
     });
@@ -560,10 +569,12 @@ TORCH_LIBRARY_FRAGMENT(ternary_serve, m) {
   m.def("cpu_kernel_isa() -> str", [] { return ternary_cpu::kernel_isa(); });
   // "avx512_vnni" or "avx2": the code of the W2A8 kernel (gemm_w2a8, quantize_int8) this CPU runs, "" none
   m.def("cpu_w2a8_isa() -> str", [] { return ternary_cpu::w2a8_isa(); });
-  // The tile kernel bf16 x of M rows takes past small M on AVX-512: "pair", "brgemm" or "gemm"
-  // (ternary_cpu.cpp: bf16_tile_kernel); "" where M takes the small-M kernel
+  // The tile kernel bf16 x of M rows takes: "pair", "brgemm" or "gemm" (bf16_tile_kernel); ""
+  // where it takes none (M in the small-M regime, or the AVX2 code, which runs bf16 x as fp32)
   m.def("cpu_bf16_tile_kernel(int M) -> str", [](int64_t M) {
-    return M <= ternary_cpu::small_m_max(true) ? std::string() : ternary_cpu::bf16_tile_kernel(M);
+    const std::string kernel = ternary_cpu::bf16_tile_kernel(M);  // checks TERNARY_CPU_BF16_TILE everywhere
+    const bool tiles = ternary_cpu::kernel_isa() == "avx512_bf16" && M > ternary_cpu::small_m_max(true);
+    return tiles ? kernel : std::string();
   });
 }
 

@@ -178,10 +178,11 @@ void pair_rows_bf16(const Problem& p, const PairPlan& plan, const uint16_t* xb, 
 // [ceil(rows / kVnniCols), kc / 2, kVnniCols, 2] bf16, value(code) * scale rounded to bf16 (as
 // dequantize_rows_bf16), zero past K and past the last row.
 void vnni_rows_bf16(const Problem& p, const VnniPlan& plan, int64_t kc, int64_t n0, int64_t n1, uint16_t* tile);
-// y[i, j] = bf16(c[i, j] + bias[j]) (rounded to nearest even) for i < rows, j < cols.
+// y[i, j] = bf16(c[i, j] + bias[j]) (rounded to nearest even) for i < rows, j < cols; `stream`:
+// streaming (non-temporal) stores where a store is whole and aligned, for a y past the caches.
 //   c: [rows, ldc] fp32; bias: [cols] fp32 or nullptr; y: [rows, ldy] bf16 bits
 void store_rows_bf16(const float* c, int64_t ldc, int64_t rows, int64_t cols, const float* bias, uint16_t* y,
-                     int64_t ldy);
+                     int64_t ldy, bool stream);
 
 // The AVX2 versions (ternary_cpu_avx2.cpp): x in fp32 for every input dtype.
 void small_m_avx2(const Problem& p, const float* xf, int64_t ldx, float* y, int64_t t0, int64_t t1);

@@ -515,28 +515,44 @@ TERNARY_AVX512 void vnni_rows_bf16(const Problem& p, const VnniPlan& plan, int64
         }
       }
     uint16_t* out = tile + g * pairs * 2 * kVnniCols;  // [pairs, kVnniCols, 2]
-    for (int64_t c = 0; c < kc / kChunk; ++c)
+    for (int64_t c = 0; c < kc / kChunk; ++c) {
+      // the chunk's 32 columns in one scale block (or all past K): one scale vector for all pairs
+      const int64_t q0 = 16 * c, b = plan.b0[q0];
+      const bool uniform = plan.b1[q0 + 15] == b;
       for (int h = 0; h < kHalves; ++h) {
         const uint32_t* svh = sv.data() + h * (S + 1) * 16;
-        decode_pairs16(src[h], c, table, [&](int j, __m512i v) TERNARY_AVX512 {
-          const int64_t q = 16 * c + j, b0 = plan.b0[q], b1 = plan.b1[q];
-          __m512i s = _mm512_loadu_si512(svh + b0 * 16);
-          if (b1 != b0) s = _mm512_mask_blend_epi16(0xAAAAAAAAu, s, _mm512_loadu_si512(svh + b1 * 16));  // column 2q + 1
-          _mm512_store_si512(out + q * 2 * kVnniCols + 32 * h, _mm512_ternarylogic_epi32(v, s, sign, 0x68));
-        });
+        if (uniform) {
+          const __m512i s = _mm512_loadu_si512(svh + b * 16);
+          decode_pairs16(src[h], c, table, [&](int j, __m512i v) TERNARY_AVX512 {
+            _mm512_store_si512(out + (q0 + j) * 2 * kVnniCols + 32 * h, _mm512_ternarylogic_epi32(v, s, sign, 0x68));
+          });
+        } else {
+          decode_pairs16(src[h], c, table, [&](int j, __m512i v) TERNARY_AVX512 {
+            const int64_t q = q0 + j, b0 = plan.b0[q], b1 = plan.b1[q];
+            __m512i s = _mm512_loadu_si512(svh + b0 * 16);
+            if (b1 != b0) s = _mm512_mask_blend_epi16(0xAAAAAAAAu, s, _mm512_loadu_si512(svh + b1 * 16));  // column 2q + 1
+            _mm512_store_si512(out + q * 2 * kVnniCols + 32 * h, _mm512_ternarylogic_epi32(v, s, sign, 0x68));
+          });
+        }
       }
+    }
   }
 }
 
 TERNARY_AVX512 void store_rows_bf16(const float* c, int64_t ldc, int64_t rows, int64_t cols, const float* bias,
-                                    uint16_t* y, int64_t ldy) {
-  for (int64_t j = 0; j < cols; j += 16) {
-    const __mmask16 mask = static_cast<__mmask16>((1u << std::min<int64_t>(16, cols - j)) - 1);
-    const __m512 b = bias ? _mm512_maskz_loadu_ps(mask, bias + j) : _mm512_setzero_ps();
-    for (int64_t i = 0; i < rows; ++i)
-      _mm256_mask_storeu_epi16(y + i * ldy + j, mask,
-                               (__m256i)_mm512_cvtneps_pbh(_mm512_add_ps(_mm512_maskz_loadu_ps(mask, c + i * ldc + j), b)));
-  }
+                                    uint16_t* y, int64_t ldy, bool stream) {
+  for (int64_t i = 0; i < rows; ++i)  // row by row: a row's stores fill its lines together
+    for (int64_t j = 0; j < cols; j += 16) {
+      const __mmask16 mask = static_cast<__mmask16>((1u << std::min<int64_t>(16, cols - j)) - 1);
+      const __m512 b = bias ? _mm512_maskz_loadu_ps(mask, bias + j) : _mm512_setzero_ps();
+      const __m256i v = (__m256i)_mm512_cvtneps_pbh(_mm512_add_ps(_mm512_maskz_loadu_ps(mask, c + i * ldc + j), b));
+      uint16_t* dst = y + i * ldy + j;
+      if (stream && mask == 0xFFFF && reinterpret_cast<uintptr_t>(dst) % 32 == 0)
+        _mm256_stream_si256(reinterpret_cast<__m256i*>(dst), v);
+      else
+        _mm256_mask_storeu_epi16(dst, mask, v);
+    }
+  if (stream) _mm_sfence();  // streaming stores are weakly ordered: visible before the op returns
 }
 
 PairPlan make_pair_plan(int64_t K, int64_t block_size, int64_t k_offset) {
