@@ -172,6 +172,22 @@ def _cpu_w2a8_kernel(x: torch.Tensor, token_block: bool = False) -> bool:
     return False
 
 
+def advise_cpu_w2a8_once() -> None:
+    """One warning per process where a CPU layer is built for the W2A8 mode on a CPU whose bf16
+    mode multiplies on AMX tiles (cpu_bf16_tile_kernel: brgemm): there the int8 kernel
+    (AVX512-VNNI) is the slower of the two past a few tokens. Called at weight loading, never
+    inside a traced forward (the query returns a str, which Dynamo cannot trace)."""
+    if _state.get("advised_cpu_w2a8") or cpu_w2a8_isa() is None:
+        return
+    _state["advised_cpu_w2a8"] = True
+    query = getattr(getattr(torch.ops, OP_NAMESPACE), "cpu_bf16_tile_kernel", None)
+    if query is not None and query(64) == "brgemm":
+        logger.warning(
+            "activation_dtype int8 on a CPU with AMX: its bf16 mode multiplies on AMX tiles and is "
+            "faster here than the int8 mode's AVX512-VNNI kernel from ~32 tokens a batch on (about "
+            "2x at 128: docs/kernel.md, CPU, AMX); serve float activations on this CPU")
+
+
 def cpu_w2a8_calls() -> dict[str, int]:
     """How often this process's W2A8 calls on CPU took the kernel and the reference (for the
     engine's report: under torch.compile the count is of traced calls, each a graph's op)."""

@@ -262,7 +262,7 @@ def test_both_regimes_everywhere(small_m_max):
 # it where AMX runs, the pair-major kernel elsewhere.
 AMX_FLAGS = {"amx_tile", "amx_bf16"}
 HAS_AMX = AMX_FLAGS <= cpu_isa.cpu_flags()
-GEMM_MIN_M_AMX = 256
+GEMM_MIN_M_AMX = 512
 
 
 @needs_kernel_cpu
@@ -295,6 +295,25 @@ def test_bf16_tile_kernel_follows_amx():
         else:
             want = ("gemm" if m >= GEMM_MIN_M_AMX else "brgemm") if HAS_AMX else "pair"
         assert q(m) == want, (m, q(m), forced, sorted(AMX_FLAGS & cpu_isa.cpu_flags()))
+
+
+@needs_kernel_cpu
+@pytest.mark.skipif(FORCED_ISA == "avx2", reason="the AVX2 code runs bf16 x as fp32: no tile kernel")
+def test_oneDNN_disabled_takes_the_pair_kernel():
+    """torch.backends.mkldnn.enabled = False takes oneDNN (and so brgemm's VNNI layout) away: the
+    auto rule falls back to the pair-major kernel, whose results still pass the bounds."""
+    code = """
+import os, torch
+torch.backends.mkldnn.enabled = False
+import tests.test_kernel_cpu as t
+want = os.environ.get("TERNARY_CPU_BF16_TILE") or "pair"
+assert torch.ops.ternary_serve.cpu_bf16_tile_kernel(16) == want, torch.ops.ternary_serve.cpu_bf16_tile_kernel(16)
+x, packed, scale, bias, what = t._case(16, 130, 1000, 0, 128, "oneDNN off", torch.bfloat16, True)
+t._check(x, packed, scale, bias, 128, 0, what)
+print("CHECKED")
+"""
+    proc = _run_subprocess(code, TERNARY_CPU_POISON="1")
+    assert proc.returncode == 0 and "CHECKED" in proc.stdout, proc.stderr[-3000:]
 
 
 def test_bad_bf16_tile_request_is_named():

@@ -315,6 +315,26 @@ def test_w2a8_layer_call_takes_the_kernel():
     assert (after["kernel"] - before["kernel"], after["reference"] - before["reference"]) == (1, 0)
 
 
+@needs_kernel_cpu
+def test_w2a8_on_amx_is_advised_against_once():
+    """Where the bf16 mode runs on AMX tiles (the 2-core Xeon: /proc/cpuinfo amx_tile, amx_bf16)
+    the W2A8 kernel is the slower mode: the layers' loading (linear.py) calls
+    advise_cpu_w2a8_once, one warning per process however many layers; none elsewhere."""
+    code = """
+import logging
+logging.basicConfig(level=logging.WARNING)
+from ternary_plugin import ops
+for _ in range(3):
+    ops.advise_cpu_w2a8_once()
+print("RAN")
+"""
+    proc = _run_subprocess(code)
+    assert proc.returncode == 0 and "RAN" in proc.stdout, proc.stderr[-3000:]
+    lines = [ln for ln in proc.stderr.splitlines() if "activation_dtype int8 on a CPU with AMX" in ln]
+    amx = {"amx_tile", "amx_bf16"} <= cpu_isa.cpu_flags() and cpu_isa.FORCED_ISA != "avx2"
+    assert len(lines) == (1 if amx else 0), proc.stderr[-3000:]
+
+
 def test_disabled_kernel_falls_back_with_one_log_line():
     """TERNARY_CPU_KERNEL=0: the W2A8 call takes the reference op, announced once however many
     calls follow."""

@@ -29,6 +29,7 @@
 // Below gemm: gemm_w2a8 and quantize_int8 on CPU, the int8-activation mode (their kernel and
 // its tiling: ternary_cpu_w2a8.cpp; asked first through cpu_w2a8_isa()).
 
+#include <ATen/Context.h>
 #include <ATen/Parallel.h>
 #include <ATen/cpu/Utils.h>
 #include <ATen/native/CPUBlas.h>
@@ -74,7 +75,7 @@ constexpr int64_t kBrgemmXBlockBytes = 1024 * 1024;
 constexpr int64_t kStreamYBytes = 16 * 1024 * 1024;
 // Where AMX runs, the smallest M of bf16 x that takes the dequantized tile and oneDNN's GEMM
 // rather than the brgemm tile (bf16_tile_kernel).
-constexpr int64_t kGemmMinMAmx = 256;
+constexpr int64_t kGemmMinMAmx = 512;
 
 int64_t env_int(const char* name, int64_t fallback) {
   const char* e = std::getenv(name);
@@ -91,8 +92,8 @@ int64_t small_m_max(bool bf16) {
 // tile and our vdpbf16ps loop), "brgemm" (the VNNI tile and oneDNN's batch-reduce GEMM: AMX tiles
 // where the CPU has AMX-BF16) or "gemm" (the dequantized tile and oneDNN's whole GEMM, which
 // reorders it for AMX itself). Where AMX runs (at::cpu::init_amx: the CPU has it and Linux lets
-// this process use it) brgemm from M 3 and gemm from kGemmMinMAmx, else pair; measured on the
-// 2-core Xeon with AMX and the 2-core Zen 4 without: docs/kernel.md (CPU).
+// this process use it) and oneDNN is enabled, brgemm from M 3 and gemm from kGemmMinMAmx, else
+// pair; measured on the 2-core Xeon with AMX and the 2-core Zen 4 without: docs/kernel.md (CPU).
 // TERNARY_CPU_BF16_TILE=auto|pair|brgemm|gemm (read once per process) forces one.
 std::string bf16_tile_kernel(int64_t M) {
   static const std::string req = [] {
@@ -104,7 +105,8 @@ std::string bf16_tile_kernel(int64_t M) {
   }();
   static const bool amx = at::cpu::init_amx();
   if (req != "auto") return req;
-  if (!amx) return "pair";
+  // brgemm's VNNI layout needs oneDNN (torch.backends.mkldnn.enabled = False turns it off)
+  if (!amx || !at::globalContext().userEnabledMkldnn()) return "pair";
   return M >= kGemmMinMAmx ? "gemm" : "brgemm";
 }
 
