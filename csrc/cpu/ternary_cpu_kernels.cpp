@@ -343,6 +343,21 @@ namespace {
 // (pair 2b: shifts 0 and 2, pair 2b + 1: 4 and 6), vpermw reads the value from a table whose entry
 // e is value(e & 3) (table_w16: the higher index bits, the next codes, ignored; the reserved 11
 // reads as 0, as format.unpack_ternary). 3.5 instructions per 32 weights.
+// The same from the chunk's 16 qwords already in two zmm (row r in qword r of a, r - 8 of b).
+template <class Sink>
+TERNARY_AVX512 inline void decode_pairs16(__m512i a, __m512i b, __m512i table, Sink&& sink) {
+  // byte k of the index: row k / 4's byte 0 in the 128 bytes of (a, b), 8 (k / 4); + byte below
+  const __m512i base = _mm512_set_epi64(0x7878787870707070ll, 0x6868686860606060ll, 0x5858585850505050ll,
+                                        0x4848484840404040ll, 0x3838383830303030ll, 0x2828282820202020ll,
+                                        0x1818181810101010ll, 0x0808080800000000ll);
+  const __m512i shift_lo = _mm512_set1_epi32(0x00020000), shift_hi = _mm512_set1_epi32(0x00060004);
+  for (int byte = 0; byte < 8; ++byte) {
+    const __m512i z = _mm512_permutex2var_epi8(a, _mm512_add_epi8(base, _mm512_set1_epi8(static_cast<char>(byte))), b);
+    sink(2 * byte, _mm512_permutexvar_epi16(_mm512_srlv_epi16(z, shift_lo), table));
+    sink(2 * byte + 1, _mm512_permutexvar_epi16(_mm512_srlv_epi16(z, shift_hi), table));
+  }
+}
+
 template <class Sink>
 TERNARY_AVX512 inline void decode_pairs16(const uint8_t* const* rows, int64_t c, __m512i table, Sink&& sink) {
   const __m512i a = _mm512_set_epi64(
@@ -355,16 +370,7 @@ TERNARY_AVX512 inline void decode_pairs16(const uint8_t* const* rows, int64_t c,
       static_cast<long long>(chunk_bits(rows[13], c)), static_cast<long long>(chunk_bits(rows[12], c)),
       static_cast<long long>(chunk_bits(rows[11], c)), static_cast<long long>(chunk_bits(rows[10], c)),
       static_cast<long long>(chunk_bits(rows[9], c)), static_cast<long long>(chunk_bits(rows[8], c)));
-  // byte k of the index: row k / 4's byte 0 in the 128 bytes of (a, b), 8 (k / 4); + byte below
-  const __m512i base = _mm512_set_epi64(0x7878787870707070ll, 0x6868686860606060ll, 0x5858585850505050ll,
-                                        0x4848484840404040ll, 0x3838383830303030ll, 0x2828282820202020ll,
-                                        0x1818181810101010ll, 0x0808080800000000ll);
-  const __m512i shift_lo = _mm512_set1_epi32(0x00020000), shift_hi = _mm512_set1_epi32(0x00060004);
-  for (int byte = 0; byte < 8; ++byte) {
-    const __m512i z = _mm512_permutex2var_epi8(a, _mm512_add_epi8(base, _mm512_set1_epi8(static_cast<char>(byte))), b);
-    sink(2 * byte, _mm512_permutexvar_epi16(_mm512_srlv_epi16(z, shift_lo), table));
-    sink(2 * byte + 1, _mm512_permutexvar_epi16(_mm512_srlv_epi16(z, shift_hi), table));
-  }
+  decode_pairs16(a, b, table, sink);
 }
 
 // One register block of the pair-major kernel: NV groups of 16 W rows (lanes) x MT x rows, over
@@ -504,7 +510,9 @@ TERNARY_AVX512 void vnni_rows_bf16(const Problem& p, const VnniPlan& plan, int64
   // words; zero for the missing rows of the last group and for b = S (the columns past K)
   std::vector<uint32_t> sv(kHalves * (S + 1) * 16);
   for (int64_t g = 0; g < groups; ++g) {
-    const uint8_t* src[kHalves][16];
+    // the 16 rows' addresses of each half, gathered 8 bytes a row a chunk (vpgatherqq: no
+    // per-row inserts on the shuffle port the decode needs)
+    alignas(64) const uint8_t* src[kHalves][16];
     for (int h = 0; h < kHalves; ++h)
       for (int r = 0; r < 16; ++r) {
         const int64_t row = kVnniCols * g + 16 * h + r;
@@ -521,13 +529,16 @@ TERNARY_AVX512 void vnni_rows_bf16(const Problem& p, const VnniPlan& plan, int64
       const bool uniform = plan.b1[q0 + 15] == b;
       for (int h = 0; h < kHalves; ++h) {
         const uint32_t* svh = sv.data() + h * (S + 1) * 16;
+        const __m512i off = _mm512_set1_epi64(8 * c);
+        const __m512i a = _mm512_i64gather_epi64(_mm512_add_epi64(_mm512_load_si512(src[h]), off), nullptr, 1);
+        const __m512i bb = _mm512_i64gather_epi64(_mm512_add_epi64(_mm512_load_si512(src[h] + 8), off), nullptr, 1);
         if (uniform) {
           const __m512i s = _mm512_loadu_si512(svh + b * 16);
-          decode_pairs16(src[h], c, table, [&](int j, __m512i v) TERNARY_AVX512 {
+          decode_pairs16(a, bb, table, [&](int j, __m512i v) TERNARY_AVX512 {
             _mm512_store_si512(out + (q0 + j) * 2 * kVnniCols + 32 * h, _mm512_ternarylogic_epi32(v, s, sign, 0x68));
           });
         } else {
-          decode_pairs16(src[h], c, table, [&](int j, __m512i v) TERNARY_AVX512 {
+          decode_pairs16(a, bb, table, [&](int j, __m512i v) TERNARY_AVX512 {
             const int64_t q = q0 + j, b0 = plan.b0[q], b1 = plan.b1[q];
             __m512i s = _mm512_loadu_si512(svh + b0 * 16);
             if (b1 != b0) s = _mm512_mask_blend_epi16(0xAAAAAAAAu, s, _mm512_loadu_si512(svh + b1 * 16));  // column 2q + 1
