@@ -356,8 +356,8 @@ def test_bad_arguments_are_named(what, change, match):
 
 
 def test_isa_query_matches_cpuinfo():
-    """The kernel's cpuid check agrees with /proc/cpuinfo: on the CI machine (AMD EPYC, Zen 4)
-    it must say avx512_bf16 (avx2 where TERNARY_CPU_ISA=avx2 asks for it)."""
+    """The kernel's cpuid check agrees with /proc/cpuinfo: on the CI-type machines (AMD EPYC Zen 4,
+    Intel Xeon with AMX) it must say avx512_bf16 (avx2 where TERNARY_CPU_ISA=avx2 asks for it)."""
     assert torch.ops.ternary_serve.cpu_kernel_isa() == (EXPECTED_ISA if HAS_KERNEL_CPU else "")
     if FORCED_ISA == "avx2":  # the W2A8 kernel capped with the rest: its AVX2 code
         assert torch.ops.ternary_serve.cpu_w2a8_isa() == "avx2"
