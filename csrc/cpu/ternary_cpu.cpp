@@ -278,9 +278,9 @@ torch::Tensor gemm_cpu(const torch::Tensor& x,                  // [M, K] fp32 /
         const int64_t n0 = t * rows, n1 = std::min(N, n0 + rows);
         vnni_rows_bf16(p, vplan, kc, n0, n1, tb);
         // x in blocks of kBrgemmXBlockBytes (L2, beside the tile); in each, a group of the tile (one
-        // B matrix, L1 / L2) runs over the block's x rows kBrgemmRows a call: each B read from
-        // memory once per x block. x rows outermost, a group's calls for one x block: 1.4-1.6x
-        // slower at M 128-512 (Qwen3-0.6B gate_up, 1 thread).
+        // B matrix, L1 / L2) runs over the block's x rows kBrgemmRows a call. The first version
+        // ran each 64-row x block over all the groups instead: up to 1.5x slower at M 128-512 in
+        // a probe (Qwen3-0.6B gate_up, 1 thread).
         const int64_t xb = std::max<int64_t>(kBrgemmRows, kBrgemmXBlockBytes / (kc * 2) / kBrgemmRows * kBrgemmRows);
         for (int64_t mx = 0; mx < M; mx += xb)
           for (int64_t n = n0; n < n1; n += kVnniCols)
