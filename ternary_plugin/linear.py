@@ -10,7 +10,8 @@ from vllm.model_executor.layers.linear import LinearMethodBase, ReplicatedLinear
 from . import compat, dispatch, envs, humming_backend
 from . import format as fmt
 from .activations import ternary_linear_w2a8
-from .ops import advise_cpu_dtype_once, advise_cpu_w2a8_once, ensure_op_registered, kernel_wants_padding, pad_packed_rows, ternary_linear
+from .ops import (advise_cpu_dtype_once, advise_cpu_w2a8_once, ensure_op_registered, kernel_wants_padding,
+                  pad_packed_rows, ternary_linear)
 from .params import TernaryLoadError, TernaryPackedParameter, TernaryScaleParameter
 
 logger = logging.getLogger("vllm.ternary_plugin")

@@ -260,7 +260,7 @@ def test_both_regimes_everywhere(small_m_max):
 # bf16 x past small M takes one of three tile kernels (ternary_cpu.cpp: bf16_tile_kernel): oneDNN's
 # brgemm on our VNNI tile (AMX) below GEMM_MIN_M_AMX and oneDNN's GEMM on the dequantized tile from
 # it where AMX runs, the pair-major kernel elsewhere.
-AMX_FLAGS = {"amx_tile", "amx_bf16"}
+AMX_FLAGS = cpu_isa.AMX_FLAGS
 HAS_AMX = AMX_FLAGS <= cpu_isa.cpu_flags()
 GEMM_MIN_M_AMX = 512
 

@@ -331,7 +331,7 @@ print("RAN")
     proc = _run_subprocess(code)
     assert proc.returncode == 0 and "RAN" in proc.stdout, proc.stderr[-3000:]
     lines = [ln for ln in proc.stderr.splitlines() if "activation_dtype int8 on a CPU with AMX" in ln]
-    amx = {"amx_tile", "amx_bf16"} <= cpu_isa.cpu_flags() and cpu_isa.FORCED_ISA != "avx2"
+    amx = cpu_isa.AMX_FLAGS <= cpu_isa.cpu_flags() and cpu_isa.FORCED_ISA != "avx2"
     assert len(lines) == (1 if amx else 0), proc.stderr[-3000:]
 
 

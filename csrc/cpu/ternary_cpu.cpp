@@ -172,6 +172,21 @@ std::string kernel_isa() {
   return capped_isa(avx512, "avx512_bf16");
 }
 
+// The tile kernel bf16 x of M rows takes, "" where it takes none (M in the small-M regime, or the
+// AVX2 code, which runs bf16 x as fp32): what gemm_cpu runs and cpu_bf16_tile_kernel reports.
+std::string bf16_tile(int64_t M) {
+  const std::string kernel = bf16_tile_kernel(M);  // checks TERNARY_CPU_BF16_TILE everywhere
+  return kernel_isa() == "avx512_bf16" && M > small_m_max(true) ? kernel : std::string();
+}
+
+// x [M, K] as a zero-padded copy [M, kc] in `dtype` (K in whole chunks: the kernels read x a
+// chunk at a time; fp16 x widened exactly to fp32).
+torch::Tensor padded_x(const torch::Tensor& x, int64_t kc, at::ScalarType dtype) {
+  const auto xin = torch::zeros({x.size(0), kc}, x.options().dtype(dtype));
+  xin.narrow(1, 0, x.size(1)).copy_(x);
+  return xin;
+}
+
 // TERNARY_CPU_POISON=1 (read once per process): the output buffers the kernels fill start as
 // NaN, so a test sees any element they fail to write (tests/test_kernel_cpu*.py).
 bool poison_outputs() {
@@ -237,9 +252,7 @@ torch::Tensor gemm_cpu(const torch::Tensor& x,                  // [M, K] fp32 /
   const int64_t kc = (K + kChunk - 1) / kChunk * kChunk;  // K in whole chunks: the padded buffers' rows
 
   if (M <= small_m_max(bf16)) {
-    // x once, zero-padded to whole chunks (fp16 widened to fp32): [M, kc] bf16 / fp32
-    const auto xin = torch::zeros({M, kc}, x.options().dtype(bf16 ? at::kBFloat16 : at::kFloat));
-    xin.narrow(1, 0, K).copy_(x);
+    const auto xin = padded_x(x, kc, bf16 ? at::kBFloat16 : at::kFloat);  // [M, kc] bf16 / fp32
     const auto yf = dt == at::kFloat ? y : torch::empty({M, N}, x.options().dtype(at::kFloat));  // [M, N] fp32
     at::parallel_for(0, (N + kRows - 1) / kRows, 1, [&](int64_t t0, int64_t t1) {
       if (avx2) {
@@ -255,10 +268,9 @@ torch::Tensor gemm_cpu(const torch::Tensor& x,                  // [M, K] fp32 /
     return y;
   }
 
-  if (bf16 && bf16_tile_kernel(M) == "brgemm") {
-    // x once, zero-padded to whole chunks: [M, kc] bf16, the brgemm's A (lda kc)
-    const auto xin = torch::zeros({M, kc}, x.options());
-    xin.narrow(1, 0, K).copy_(x);
+  const std::string tile_kernel = bf16 ? bf16_tile(M) : std::string();
+  if (tile_kernel == "brgemm") {
+    const auto xin = padded_x(x, kc, at::kBFloat16);  // [M, kc]: the brgemm's A (lda kc)
     const VnniPlan vplan = make_vnni_plan(K, kc, block_size, k_offset);
     const auto* xa = xin.data_ptr<at::BFloat16>();
     auto* yb = reinterpret_cast<uint16_t*>(y.data_ptr<at::BFloat16>());
@@ -297,10 +309,8 @@ torch::Tensor gemm_cpu(const torch::Tensor& x,                  // [M, K] fp32 /
     return y;
   }
 
-  if (bf16 && bf16_tile_kernel(M) == "pair" && k_offset % 2 == 0 && block_size % 2 == 0) {  // pair-major: no scale block cuts a pair
-    // x once, zero-padded to whole chunks: [M, kc] bf16
-    const auto xin = torch::zeros({M, kc}, x.options());
-    xin.narrow(1, 0, K).copy_(x);
+  if (tile_kernel == "pair" && k_offset % 2 == 0 && block_size % 2 == 0) {  // pair-major: no scale block cuts a pair
+    const auto xin = padded_x(x, kc, at::kBFloat16);  // [M, kc]
     const PairPlan pplan = make_pair_plan(K, block_size, k_offset);
     const int64_t S = static_cast<int64_t>(pplan.segments.size());
     const auto* xb = reinterpret_cast<const uint16_t*>(xin.data_ptr<at::BFloat16>());
@@ -571,13 +581,8 @@ TORCH_LIBRARY_FRAGMENT(ternary_serve, m) {
   m.def("cpu_kernel_isa() -> str", [] { return ternary_cpu::kernel_isa(); });
   // "avx512_vnni" or "avx2": the code of the W2A8 kernel (gemm_w2a8, quantize_int8) this CPU runs, "" none
   m.def("cpu_w2a8_isa() -> str", [] { return ternary_cpu::w2a8_isa(); });
-  // The tile kernel bf16 x of M rows takes: "pair", "brgemm" or "gemm" (bf16_tile_kernel); ""
-  // where it takes none (M in the small-M regime, or the AVX2 code, which runs bf16 x as fp32)
-  m.def("cpu_bf16_tile_kernel(int M) -> str", [](int64_t M) {
-    const std::string kernel = ternary_cpu::bf16_tile_kernel(M);  // checks TERNARY_CPU_BF16_TILE everywhere
-    const bool tiles = ternary_cpu::kernel_isa() == "avx512_bf16" && M > ternary_cpu::small_m_max(true);
-    return tiles ? kernel : std::string();
-  });
+  // The tile kernel bf16 x of M rows takes: "pair", "brgemm" or "gemm"; "" where none (bf16_tile)
+  m.def("cpu_bf16_tile_kernel(int M) -> str", [](int64_t M) { return ternary_cpu::bf16_tile(M); });
 }
 
 TORCH_LIBRARY_IMPL(ternary_serve, CPU, m) {

@@ -336,14 +336,14 @@ TERNARY_AVX512 void dequantize_rows_f32(const Problem& p, int64_t n0, int64_t ro
 
 namespace {
 
-// Chunk c (8 packed bytes: 32 codes) of 16 W rows as 16 pair vectors, pair-major: vector j =
-// columns 32c + 2j, 32c + 2j + 1 of the 16 rows (row r in dword r), each word table[code], handed
-// to sink(j, vector). The 16 qwords sit in two zmm; for each packed byte b, vpermt2b copies row
-// r's byte b into both bytes of words 2r and 2r + 1, vpsrlvw moves the word's code to its low bits
-// (pair 2b: shifts 0 and 2, pair 2b + 1: 4 and 6), vpermw reads the value from a table whose entry
-// e is value(e & 3) (table_w16: the higher index bits, the next codes, ignored; the reserved 11
-// reads as 0, as format.unpack_ternary). 3.5 instructions per 32 weights.
-// The same from the chunk's 16 qwords already in two zmm (row r in qword r of a, r - 8 of b).
+// A chunk (8 packed bytes: 32 codes) of 16 W rows, its 16 qwords in two zmm (row r in qword r of
+// a, r - 8 of b), as 16 pair vectors, pair-major: vector j = columns 2j, 2j + 1 of the chunk for
+// the 16 rows (row r in dword r), each word table[code], handed to sink(j, vector). For each
+// packed byte b, vpermt2b copies row r's byte b into both bytes of words 2r and 2r + 1, vpsrlvw
+// moves the word's code to its low bits (pair 2b: shifts 0 and 2, pair 2b + 1: 4 and 6), vpermw
+// reads the value from a table whose entry e is value(e & 3) (table_w16: the higher index bits,
+// the next codes, ignored; the reserved 11 reads as 0, as format.unpack_ternary). 3.5
+// instructions per 32 weights.
 template <class Sink>
 TERNARY_AVX512 inline void decode_pairs16(__m512i a, __m512i b, __m512i table, Sink&& sink) {
   // byte k of the index: row k / 4's byte 0 in the 128 bytes of (a, b), 8 (k / 4); + byte below
@@ -358,6 +358,7 @@ TERNARY_AVX512 inline void decode_pairs16(__m512i a, __m512i b, __m512i table, S
   }
 }
 
+// The same for chunk c of rows[0..15], its qwords loaded here.
 template <class Sink>
 TERNARY_AVX512 inline void decode_pairs16(const uint8_t* const* rows, int64_t c, __m512i table, Sink&& sink) {
   const __m512i a = _mm512_set_epi64(

@@ -18,6 +18,9 @@ REPO = Path(__file__).resolve().parents[2]
 # What the AVX2 code needs, as /proc/cpuinfo names it (ternary_cpu_avx2.cpp: cpu_avx2_supported).
 AVX2_FLAGS = {"avx2", "fma", "f16c"}
 FORCED_ISA = os.environ.get("TERNARY_CPU_ISA", "auto") or "auto"
+# AMX with bf16 tiles (ternary_cpu.cpp bf16_tile_kernel: at::cpu::init_amx): bf16 x past small M
+# takes oneDNN's brgemm / GEMM there, and the W2A8 mode is advised against.
+AMX_FLAGS = {"amx_tile", "amx_bf16"}
 
 
 def cpu_flags() -> set[str]:
