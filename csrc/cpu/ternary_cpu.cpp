@@ -393,9 +393,39 @@ constexpr int64_t kW8SmallMMax = 2;
 // The u8 tile a thread decodes: about a quarter of Zen 4's 1 MB L2, leaving room for x's rows.
 constexpr int64_t kW8TileBytes = 256 * 1024;
 
+// The AMX kernel (w2a8_kernel): its smallest M, and the int8 W rows a thread decodes at once.
+constexpr int64_t kW8AmxMinM = 1;
+constexpr int64_t kW8AmxTileBytes = 512 * 1024;
+
 int64_t w8_small_m_max() {
   static const int64_t forced = env_int("TERNARY_CPU_W2A8_SMALL_M_MAX", -1);
   return forced >= 0 ? forced : kW8SmallMMax;
+}
+
+// The W2A8 kernel for M rows of x: "amx" (AMX-INT8 through oneDNN's u8 x s8 brgemm, block scales
+// folded into the int8 weights: gemm_w2a8_cpu) where the CPU has AMX-INT8, Linux lets this
+// process use it and oneDNN is enabled, from kW8AmxMinM rows; else w2a8_isa()'s kernel (block
+// scales exact: codes decoded in registers up to w8_small_m_max, then the u8 tile), "" none.
+// TERNARY_CPU_W2A8_KERNEL=auto|exact|amx (read once per process) forces one; amx where the CPU
+// cannot run it is an error that says so.
+std::string w2a8_kernel(int64_t M) {
+  static const std::string req = [] {
+    const char* e = std::getenv("TERNARY_CPU_W2A8_KERNEL");
+    const std::string r(e && *e ? e : "auto");
+    TORCH_CHECK(r == "auto" || r == "exact" || r == "amx", "TERNARY_CPU_W2A8_KERNEL=", r,
+                ": must be auto, exact or amx");
+    return r;
+  }();
+  const std::string isa = w2a8_isa();
+  static const bool amx = isa == "avx512_vnni" && cpu_amx_int8_supported() && at::cpu::init_amx();
+  if (isa.empty() || req == "exact") return isa;
+  if (req == "amx") {
+    TORCH_CHECK(amx, "TERNARY_CPU_W2A8_KERNEL=amx: this CPU (or TERNARY_CPU_ISA=", requested_isa(),
+                ") cannot run the AMX kernel: it needs AMX-TILE, AMX-INT8 and AVX512-VNNI, and Linux's "
+                "permission for AMX (at::cpu::init_amx)");
+    return "amx";
+  }
+  return amx && at::globalContext().userEnabledMkldnn() && M >= kW8AmxMinM ? "amx" : isa;
 }
 
 void check_w8_x(const torch::Tensor& x, const char* op) {
@@ -433,6 +463,26 @@ void quantize_rows(const torch::Tensor& x, bool vnni, float* sx, int8_t* q, cons
       int8_t* qm = plan ? qrow.data() : q + m * K;
       sx[m] = quantize(xf.data(), K, qm);
       if (plan) entries(*plan, qm, xe + m * plan->entry_chunk.size() * plan->width, negsum + m * plan->segments.size());
+    }
+  });
+}
+
+// x [M, K] (contiguous, fp32 / bf16 / fp16) -> sx [M] fp32 and a [M, lda] u8 = xq + 128 (xq as
+// quantize_rows's; 128, i.e. xq 0, past K): the u8 side of the AMX kernel's brgemm.
+void quantize_rows_u8(const torch::Tensor& x, float* sx, uint8_t* a, int64_t lda) {
+  const int64_t M = x.size(0), K = x.size(1), esz = x.element_size();
+  const int kind = x.scalar_type() == at::kFloat ? 0 : x.scalar_type() == at::kBFloat16 ? 1 : 2;
+  const char* xp = static_cast<const char*>(x.data_ptr());
+  const int64_t grain = std::max<int64_t>(16, (int64_t{1} << 18) / std::max<int64_t>(K, 1));
+  at::parallel_for(0, M, grain, [&](int64_t m0, int64_t m1) {
+    std::vector<float> xf(K);
+    std::vector<int8_t> q(K);
+    for (int64_t m = m0; m < m1; ++m) {
+      w8_widen_row(xp + m * K * esz, kind, K, xf.data());
+      sx[m] = w8_quantize_row(xf.data(), K, q.data());
+      uint8_t* am = a + m * lda;
+      for (int64_t j = 0; j < K; ++j) am[j] = static_cast<uint8_t>(q[j]) ^ 0x80;
+      std::fill(am + K, am + lda, uint8_t{0x80});
     }
   });
 }
@@ -479,11 +529,6 @@ torch::Tensor gemm_w2a8_cpu(const torch::Tensor& x,                   // [M, K] 
 #ifdef TERNARY_CPU_KERNELS
   const torch::Tensor packed = packed_in.contiguous(), scale = scale_in.contiguous();
   const torch::Tensor bias_f = bias ? bias->to(at::kFloat).contiguous() : torch::Tensor();  // [N] fp32
-  const bool small = M <= w8_small_m_max(), avx2 = isa == "avx2";
-  // small M: chunks of 64 columns, x permuted as the register decoder's; tile: groups of 4 (the
-  // AVX2 tile keeps the decoder's entries: 64)
-  const W8Plan plan = make_w8_plan(K, block_size, k_offset, small || avx2 ? kW8Chunk : 4);
-  const int64_t E = static_cast<int64_t>(plan.entry_chunk.size()), S = static_cast<int64_t>(plan.segments.size());
   const int64_t ldp = packed.size(1), row_bytes = 16 * ((K + kW8Chunk - 1) / kW8Chunk);  // what a row's chunks read
   // Rows whose last chunk would read past the tensor, copied zero-padded (the others read into
   // the next row, whose codes meet x's zeros past K)
@@ -492,6 +537,64 @@ torch::Tensor gemm_w2a8_cpu(const torch::Tensor& x,                   // [M, K] 
   if (tail_from < N)
     tail.narrow(0, 0, N - tail_from).narrow(1, 0, std::min(ldp, row_bytes))
         .copy_(packed.narrow(0, tail_from, N - tail_from).narrow(1, 0, std::min(ldp, row_bytes)));
+  const int y_kind = dt == at::kFloat ? 0 : dt == at::kBFloat16 ? 1 : 2;  // y's dtype, as store_y / store_rows_w8 take it
+
+  if (w2a8_kernel(M) == "amx") {
+    // The AMX kernel: y = sx * (S / 127) * (xq . w) + bias, w = code * q the row's folded block
+    // scales (fold_row_scales), one int32 dot over all of K: oneDNN's u8 x s8 brgemm on AMX tiles,
+    // the u8 side xq + 128 and 128 * sum(w) subtracted. The mode's exact per-block weighing
+    // (the other kernels) pays a convert-and-scale per 128 columns, which on AMX tiles cost as
+    // much as the dots (docs/kernel.md, CPU, W2A8 on AMX); the fold's error, against the exact
+    // mode's and the activations' own, is measured there too. Tiles, x blocks and brgemm calls
+    // as the bf16 brgemm tile kernel's (gemm_cpu).
+    const int64_t kc = (K + kChunk - 1) / kChunk * kChunk;
+    const auto xa = torch::empty({M, kc}, x.options().dtype(at::kByte));  // [M, kc] u8: the brgemm's A
+    const auto sx = torch::empty({M}, x.options().dtype(at::kFloat));     // [M] fp32
+    quantize_rows_u8(x.contiguous(), sx.data_ptr<float>(), xa.data_ptr<uint8_t>(), kc);
+    if (poison_outputs()) y.fill_(std::numeric_limits<float>::quiet_NaN());
+    const W8Problem p{M,     N,       packed.data_ptr<uint8_t>(), ldp, tail.data_ptr<uint8_t>(), tail_from,
+                      row_bytes, reinterpret_cast<const uint16_t*>(scale.data_ptr<at::Half>()), scale.size(1),
+                      nullptr, nullptr, nullptr, 0, 0, sx.data_ptr<float>(), bias ? bias_f.data_ptr<float>() : nullptr};
+    const VnniPlan vplan = make_vnni_plan(K, kc, block_size, k_offset);
+    const int64_t threads = at::get_num_threads();
+    const int64_t fit = std::max<int64_t>(kVnniCols, kW8AmxTileBytes / kc / kVnniCols * kVnniCols);
+    const int64_t rows = balanced_tile_rows(N, fit, threads, kVnniCols);
+    const int64_t tiles = (N + rows - 1) / rows;
+    const bool stream = M * N * x.element_size() >= kStreamYBytes;
+    const auto* xp = xa.data_ptr<uint8_t>();
+    char* yp = static_cast<char*>(y.data_ptr());
+    const int64_t esz = y.element_size();
+    at::parallel_for(0, tiles, 1, [&](int64_t t0, int64_t t1) {
+      const at::AutoDispatchBelowADInplaceOrView below_autograd;  // worker threads: fresh dispatch state
+      const auto tile = torch::empty({rows, kc}, x.options().dtype(at::kChar));  // [rows / kVnniCols, kc / 4, kVnniCols, 4]
+      const auto comp = torch::empty({rows}, x.options().dtype(at::kInt));
+      const auto ws = torch::empty({rows}, x.options().dtype(at::kFloat));
+      const auto c = torch::empty({kBrgemmRows, kVnniCols}, x.options().dtype(at::kInt));  // one call's C
+      for (int64_t t = t0; t < t1; ++t) {
+        const int64_t n0 = t * rows, n1 = std::min(N, n0 + rows);
+        vnni_rows_s8(p, vplan, kc, n0, n1, tile.data_ptr<int8_t>(), comp.data_ptr<int32_t>(), ws.data_ptr<float>());
+        const int64_t xb = std::max<int64_t>(kBrgemmRows, kBrgemmXBlockBytes / kc / kBrgemmRows * kBrgemmRows);
+        for (int64_t mx = 0; mx < M; mx += xb)
+          for (int64_t n = n0; n < n1; n += kVnniCols)
+            for (int64_t m0 = mx; m0 < std::min(M, mx + xb); m0 += kBrgemmRows) {
+              const int64_t mt = std::min(kBrgemmRows, M - m0);
+              at::native::cpublas::brgemm(mt, kVnniCols, kc, kc, kVnniCols, kVnniCols, false, xp + m0 * kc,
+                                          tile.data_ptr<int8_t>() + (n - n0) * kc, c.data_ptr<int32_t>(), true);
+              store_rows_w8(c.data_ptr<int32_t>(), kVnniCols, mt, std::min(kVnniCols, N - n), sx.data_ptr<float>() + m0,
+                            comp.data_ptr<int32_t>() + (n - n0), ws.data_ptr<float>() + (n - n0),
+                            bias ? bias_f.data_ptr<float>() + n : nullptr, yp + (m0 * N + n) * esz, N, y_kind, stream);
+            }
+      }
+      at::native::cpublas::brgemm_release(true);
+    });
+    return y;
+  }
+
+  const bool small = M <= w8_small_m_max(), avx2 = isa == "avx2";
+  // small M: chunks of 64 columns, x permuted as the register decoder's; tile: groups of 4 (the
+  // AVX2 tile keeps the decoder's entries: 64)
+  const W8Plan plan = make_w8_plan(K, block_size, k_offset, small || avx2 ? kW8Chunk : 4);
+  const int64_t E = static_cast<int64_t>(plan.entry_chunk.size()), S = static_cast<int64_t>(plan.segments.size());
 
   // x quantized by entries
   const auto sx = torch::empty({M}, x.options().dtype(at::kFloat));              // [M] fp32
@@ -524,8 +627,8 @@ torch::Tensor gemm_w2a8_cpu(const torch::Tensor& x,                   // [M, K] 
     y.fill_(std::numeric_limits<float>::quiet_NaN());
     if (!yf.is_same(y)) yf.fill_(std::numeric_limits<float>::quiet_NaN());
   }
-  const int y_kind = !direct || dt == at::kFloat ? 0 : dt == at::kBFloat16 ? 1 : 2;  // yf's: w8_rows_tile
-  float* yp = y_kind == 0 ? yf.data_ptr<float>() : nullptr;
+  const int yf_kind = direct ? y_kind : 0;  // yf's: w8_rows_tile
+  float* yp = yf_kind == 0 ? yf.data_ptr<float>() : nullptr;
   const int64_t threads = at::get_num_threads();
   // y's columns [n0, n1) in x's dtype, by the thread that computed them (no region of its own)
   auto finish = [&](int64_t n0, int64_t n1) {
@@ -562,7 +665,7 @@ torch::Tensor gemm_w2a8_cpu(const torch::Tensor& x,                   // [M, K] 
       const auto ws_tile = torch::empty({rows / 16, S, 16}, x.options().dtype(at::kFloat));  // fp32 scales
       for (int64_t t = t0; t < t1; ++t)
         w8_rows_tile(p, t * rows, std::min(N, (t + 1) * rows), tile.data_ptr<uint8_t>(), ws_tile.data_ptr<float>(),
-                     yf.data_ptr(), y_kind);
+                     yf.data_ptr(), yf_kind);
     });
   }
   return y;
@@ -583,6 +686,9 @@ TORCH_LIBRARY_FRAGMENT(ternary_serve, m) {
   m.def("cpu_w2a8_isa() -> str", [] { return ternary_cpu::w2a8_isa(); });
   // The tile kernel bf16 x of M rows takes: "pair", "brgemm" or "gemm"; "" where none (bf16_tile)
   m.def("cpu_bf16_tile_kernel(int M) -> str", [](int64_t M) { return ternary_cpu::bf16_tile(M); });
+  // The W2A8 kernel x of M rows takes: "amx" (block scales folded), "avx512_vnni" or "avx2" (exact);
+  // "" none (w2a8_kernel)
+  m.def("cpu_w2a8_kernel(int M) -> str", [](int64_t M) { return ternary_cpu::w2a8_kernel(M); });
 }
 
 TORCH_LIBRARY_IMPL(ternary_serve, CPU, m) {

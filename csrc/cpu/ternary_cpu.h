@@ -99,6 +99,8 @@ W8Plan make_w8_plan(int64_t K, int64_t block_size, int64_t k_offset, int64_t wid
 // Whether this CPU runs the W2A8 kernel's AVX512-VNNI code (cpuid: avx512 f/bw/vl/vbmi/vnni,
 // f16c, fma); without it, its AVX2 code where cpu_avx2_supported().
 bool cpu_w2a8_supported();
+// Whether the CPU has AMX-TILE and AMX-INT8 (cpuid; whether Linux lets the process use them: at::cpu::init_amx).
+bool cpu_amx_int8_supported();
 
 // What the W2A8 kernels read: x quantized and laid out by entries, the weights as packed.
 struct W8Problem {
@@ -142,6 +144,21 @@ void w8_rows_decode(const W8Problem& p, int64_t n0, int64_t n1, float* y);
 void w8_rows_tile(const W8Problem& p, int64_t n0, int64_t n1, uint8_t* tile, float* ws_tile, void* y, int y_kind);
 // The tile's W rows that fit in `bytes` for K (>= 32, a multiple of 32).
 int64_t w8_tile_rows(int64_t K, int64_t bytes);
+
+// The AMX kernel (W2A8 where the CPU has AMX-INT8; the driver and the numerics: ternary_cpu.cpp,
+// gemm_w2a8_cpu). A row's block scales folded into int8 against the row's largest: S = max_b |s_b|
+// over the row's S blocks, q_b = rne(s_b / S * 127) (0 where S is 0), ws = S / 127 (fp32; q [S]).
+void fold_row_scales(const uint16_t* srow, int64_t S, int8_t* q, float* ws);
+// W rows [n0, n1) as the VNNI B matrices of oneDNN's u8 x s8 brgemm, kVnniCols rows each:
+// tile [ceil(rows / kVnniCols), kc / 4, kVnniCols, 4] int8, w = value(code) * q (0 past K and past
+// the last row); comp [rows] = 128 * the row's sum of w (the u8 side is xq + 128); ws [rows].
+void vnni_rows_s8(const W8Problem& p, const VnniPlan& plan, int64_t kc, int64_t n0, int64_t n1, int8_t* tile,
+                  int32_t* comp, float* ws);
+// y[i, j] = (float(c[i, j] - comp[j]) * sx[i]) * ws[j] + bias[j], each operation rounded in fp32,
+// then to y's dtype (y_kind 0 fp32, 1 bf16, 2 fp16; nearest even) for i < rows, j < cols; `stream`
+// as store_rows_bf16's.  c: [rows, ldc] int32; y: [rows, ldy]
+void store_rows_w8(const int32_t* c, int64_t ldc, int64_t rows, int64_t cols, const float* sx, const int32_t* comp,
+                   const float* ws, const float* bias, void* y, int64_t ldy, int y_kind, bool stream);
 
 // The AVX2 versions (ternary_cpu_w2a8_avx2.cpp; cpu_avx2_supported), width 64 in both regimes:
 // the same arguments, results and layouts (the row functions scalar, F16C for fp16), except the

@@ -46,10 +46,12 @@
 #include "ternary_cpu.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <vector>
 
 #ifdef TERNARY_CPU_KERNELS
+#include <cpuid.h>
 #include <immintrin.h>
 // gcc 12's AVX-512 headers: see ternary_cpu_kernels.cpp.
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
@@ -438,9 +440,157 @@ TERNARY_VNNI void w8_rows_tile(const W8Problem& p, int64_t n0, int64_t n1, uint8
   }
 }
 
+// ---- The AMX kernel's pieces (the folded W2A8 mode; its driver and the numerics: ternary_cpu.cpp) ----
+
+bool cpu_amx_int8_supported() {
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  // CPUID leaf 7: EDX bit 24 AMX-TILE, bit 25 AMX-INT8
+  return __get_cpuid_count(7, 0, &a, &b, &c, &d) && (d >> 24 & 1) && (d >> 25 & 1);
+}
+
+TERNARY_VNNI void fold_row_scales(const uint16_t* srow, int64_t S, int8_t* q, float* ws) {
+  float smax = 0.f;
+  for (int64_t b = 0; b < S; ++b) smax = std::max(smax, std::fabs(_cvtsh_ss(srow[b])));
+  for (int64_t b = 0; b < S; ++b) {
+    const float r = smax > 0.f ? std::nearbyint(_cvtsh_ss(srow[b]) / smax * 127.f) : 0.f;
+    q[b] = static_cast<int8_t>(r == r ? r : 0.f);  // NaN (a NaN scale): 0
+  }
+  *ws = smax / 127.f;
+}
+
+TERNARY_VNNI void vnni_rows_s8(const W8Problem& p, const VnniPlan& plan, int64_t kc, int64_t n0, int64_t n1,
+                               int8_t* tile, int32_t* comp, float* ws) {
+  const int64_t quads = kc / 4, rows = n1 - n0, groups = (rows + kVnniCols - 1) / kVnniCols, S = plan.S;
+  constexpr int kHalves = kVnniCols / 16;
+  const std::vector<uint8_t> zero_row(p.row_bytes, 0);
+  // Row r of a half's 16 is qword r of (a, b): byte 4r + i of vpermt2b's index is 8r (+ the byte
+  // of the chunk), copying row r's packed byte into all four bytes of dword r; vpmultishiftqb
+  // then moves code i (bits 2i, 2i + 1 of that byte) to the low bits of byte i.
+  alignas(64) uint8_t idx[64], sh[64];
+  for (int k = 0; k < 64; ++k) {
+    idx[k] = static_cast<uint8_t>(8 * (k / 4));
+    sh[k] = static_cast<uint8_t>(8 * (k % 8) + 2 * (k % 4));
+  }
+  const __m512i base = _mm512_load_si512(idx), ctrl = _mm512_load_si512(sh);
+  const __m512i three = _mm512_set1_epi8(3), one = _mm512_set1_epi8(1), two = _mm512_set1_epi8(2);
+  // qv[(h * (S + 1) + b) * 64 + 4r + i]: the folded scale of block b of the group's row 16h + r
+  // (every byte of dword r), nqv its negation; block S (the columns past K) and missing rows 0
+  std::vector<int8_t> qrow(S + 1, 0);
+  std::vector<int8_t> qv(kHalves * (S + 1) * 64), nqv(kHalves * (S + 1) * 64);
+  for (int64_t g = 0; g < groups; ++g) {
+    alignas(64) const uint8_t* src[kHalves][16];
+    for (int h = 0; h < kHalves; ++h)
+      for (int r = 0; r < 16; ++r) {
+        const int64_t row = kVnniCols * g + 16 * h + r;
+        src[h][r] = row < rows ? p.row(n0 + row) : zero_row.data();
+        if (row < rows) fold_row_scales(p.scale + (n0 + row) * p.lds, S, qrow.data(), ws + row);
+        else std::fill(qrow.begin(), qrow.end(), 0);
+        for (int64_t b = 0; b <= S; ++b)
+          for (int i = 0; i < 4; ++i) {
+            const int8_t q = b < S ? qrow[b] : 0;
+            qv[(h * (S + 1) + b) * 64 + 4 * r + i] = q;
+            nqv[(h * (S + 1) + b) * 64 + 4 * r + i] = static_cast<int8_t>(-q);
+          }
+      }
+    int8_t* out = tile + g * quads * 4 * kVnniCols;  // [quads, kVnniCols, 4]
+    __m512i sum[kHalves];
+    for (int h = 0; h < kHalves; ++h) sum[h] = _mm512_setzero_si512();
+    for (int64_t c = 0; c < kc / kChunk; ++c) {
+      const int64_t q0 = 16 * c;  // the chunk's first pair of columns (VnniPlan), its quads 8c ..
+      const bool uniform = plan.b1[q0 + 15] == plan.b0[q0];
+      for (int h = 0; h < kHalves; ++h) {
+        const int8_t* qvh = qv.data() + h * (S + 1) * 64;
+        const int8_t* nqvh = nqv.data() + h * (S + 1) * 64;
+        const __m512i off = _mm512_set1_epi64(8 * c);
+        const __m512i a = _mm512_i64gather_epi64(_mm512_add_epi64(_mm512_load_si512(src[h]), off), nullptr, 1);
+        const __m512i bb = _mm512_i64gather_epi64(_mm512_add_epi64(_mm512_load_si512(src[h] + 8), off), nullptr, 1);
+        __m512i qb = _mm512_loadu_si512(qvh + plan.b0[q0] * 64), nb = _mm512_loadu_si512(nqvh + plan.b0[q0] * 64);
+        for (int byte = 0; byte < 8; ++byte) {
+          const int64_t quad = 8 * c + byte;
+          if (!uniform) {  // a block boundary in the chunk: each byte i of a dword its column's block
+            const int32_t blk[4] = {plan.b0[2 * quad], plan.b1[2 * quad], plan.b0[2 * quad + 1],
+                                    plan.b1[2 * quad + 1]};
+            qb = _mm512_loadu_si512(qvh + blk[0] * 64);
+            nb = _mm512_loadu_si512(nqvh + blk[0] * 64);
+            for (int i = 1; i < 4; ++i)
+              if (blk[i] != blk[0]) {
+                const __mmask64 lanes = 0x1111111111111111ull << i;
+                qb = _mm512_mask_blend_epi8(lanes, qb, _mm512_loadu_si512(qvh + blk[i] * 64));
+                nb = _mm512_mask_blend_epi8(lanes, nb, _mm512_loadu_si512(nqvh + blk[i] * 64));
+              }
+          }
+          const __m512i z = _mm512_permutex2var_epi8(a, _mm512_add_epi8(base, _mm512_set1_epi8(static_cast<char>(byte))), bb);
+          const __m512i code = _mm512_and_si512(_mm512_multishift_epi64_epi8(ctrl, z), three);
+          // 01 -> +q, 10 -> -q, 00 and the reserved 11 -> 0 (as format.unpack_ternary reads it)
+          const __m512i v = _mm512_mask_mov_epi8(_mm512_maskz_mov_epi8(_mm512_cmpeq_epi8_mask(code, one), qb),
+                                                 _mm512_cmpeq_epi8_mask(code, two), nb);
+          sum[h] = _mm512_dpbusd_epi32(sum[h], one, v);
+          _mm512_store_si512(out + quad * 4 * kVnniCols + 64 * h, v);
+        }
+      }
+    }
+    // the u8 side is xq + 128: 128 * (the row's sum of w) comes off every dot (store_rows_w8)
+    for (int h = 0; h < kHalves; ++h) {
+      alignas(64) int32_t s[16];
+      _mm512_store_si512(s, _mm512_slli_epi32(sum[h], 7));
+      for (int r = 0; r < 16; ++r)
+        if (kVnniCols * g + 16 * h + r < rows) comp[kVnniCols * g + 16 * h + r] = s[r];
+    }
+  }
+}
+
+namespace {
+
+// Keeps v as computed: no fused multiply-add across it (gcc contracts a * b + c by default), so
+// each fp32 operation of the epilogue rounds once, as the reference's separate tensor ops do.
+TERNARY_VNNI inline __m512 rounded(__m512 v) {
+  asm("" : "+v"(v));
+  return v;
+}
+
+template <int KIND>
+TERNARY_VNNI void store_w8(const int32_t* c, int64_t ldc, int64_t rows, int64_t cols, const float* sx,
+                           const int32_t* comp, const float* ws, const float* bias, void* y, int64_t ldy, bool stream) {
+  for (int64_t i = 0; i < rows; ++i) {  // row by row: a row's stores fill its lines together
+    const __m512 s = _mm512_set1_ps(sx[i]);
+    for (int64_t j = 0; j < cols; j += 16) {
+      const __mmask16 mask = static_cast<__mmask16>((1u << std::min<int64_t>(16, cols - j)) - 1);
+      const __m512i d = _mm512_sub_epi32(_mm512_maskz_loadu_epi32(mask, c + i * ldc + j),
+                                         _mm512_maskz_loadu_epi32(mask, comp + j));
+      __m512 v = rounded(_mm512_mul_ps(_mm512_cvtepi32_ps(d), s));
+      v = rounded(_mm512_mul_ps(v, _mm512_maskz_loadu_ps(mask, ws + j)));
+      if (bias) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(mask, bias + j));
+      const int64_t at = i * ldy + j;
+      if constexpr (KIND == 0) {
+        float* dst = static_cast<float*>(y) + at;
+        if (stream && mask == 0xFFFF && reinterpret_cast<uintptr_t>(dst) % 64 == 0) _mm512_stream_ps(dst, v);
+        else _mm512_mask_storeu_ps(dst, mask, v);
+      } else {
+        const __m256i h = KIND == 1 ? bf16_rne(v) : _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        uint16_t* dst = static_cast<uint16_t*>(y) + at;
+        if (stream && mask == 0xFFFF && reinterpret_cast<uintptr_t>(dst) % 32 == 0)
+          _mm256_stream_si256(reinterpret_cast<__m256i*>(dst), h);
+        else _mm256_mask_storeu_epi16(dst, mask, h);
+      }
+    }
+  }
+  if (stream) _mm_sfence();  // streaming stores are weakly ordered: visible before the op returns
+}
+
+}  // namespace
+
+TERNARY_VNNI void store_rows_w8(const int32_t* c, int64_t ldc, int64_t rows, int64_t cols, const float* sx,
+                                const int32_t* comp, const float* ws, const float* bias, void* y, int64_t ldy,
+                                int y_kind, bool stream) {
+  if (y_kind == 0) store_w8<0>(c, ldc, rows, cols, sx, comp, ws, bias, y, ldy, stream);
+  else if (y_kind == 1) store_w8<1>(c, ldc, rows, cols, sx, comp, ws, bias, y, ldy, stream);
+  else store_w8<2>(c, ldc, rows, cols, sx, comp, ws, bias, y, ldy, stream);
+}
+
 #else  // not x86-64: no kernels (ternary_cpu.h), the op refuses to run
 
 bool cpu_w2a8_supported() { return false; }
+bool cpu_amx_int8_supported() { return false; }
 
 #endif
 
