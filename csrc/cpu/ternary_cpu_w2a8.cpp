@@ -190,11 +190,28 @@ TERNARY_VNNI float w8_quantize_row(const float* x, int64_t K, int8_t* q) {
   if (!(sx > 0.f)) sx = 1.f;
   const __m512 vs = _mm512_set1_ps(sx);
   const __m512i hi = _mm512_set1_epi32(127), lo = _mm512_set1_epi32(-127);
+  // x / sx must be the IEEE quotient, rounded half to even like torch.round. The product t = x *
+  // fl(1 / sx) is within |t| 2^-22 of it (two roundings of 2^-24 each, plus the quotient's own), so
+  // both round to the same integer unless t lies within that of a half-integer: only then (about
+  // one vector in a thousand on random rows; always on ties) is the vector divided. Division
+  // everywhere cost a third of the AMX kernel's time at M 2048 (Qwen3-0.6B down, 1 thread).
+  const float inv = 1.f / sx;
+  const bool fast = std::isfinite(inv);  // a subnormal sx: 1 / sx overflows, divide all
+  const __m512 vinv = _mm512_set1_ps(inv), half = _mm512_set1_ps(0.5f), margin = _mm512_set1_ps(0x1p-21f);
   for (int64_t k = 0; k < K; k += 16) {
     const __mmask16 m = K - k >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (K - k)) - 1);
-    // x / sx by division (a reciprocal's product differs in the last bit, and so would some
-    // rounding ties), rounded half to even like torch.round
-    const __m512 v = _mm512_div_ps(_mm512_maskz_loadu_ps(m, x + k), vs);
+    const __m512 xv = _mm512_maskz_loadu_ps(m, x + k);
+    __m512 v;
+    if (fast) {
+      v = _mm512_mul_ps(xv, vinv);
+      asm("" : "+v"(v));  // t itself, rounded (no fused product below)
+      const __m512 frac = _mm512_sub_ps(v, _mm512_roundscale_ps(v, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC));
+      const __m512 dist = _mm512_abs_ps(_mm512_sub_ps(frac, half));
+      if (_mm512_cmp_ps_mask(dist, _mm512_mul_ps(_mm512_abs_ps(v), margin), _CMP_LE_OQ))
+        v = _mm512_div_ps(xv, vs);
+    } else {
+      v = _mm512_div_ps(xv, vs);
+    }
     const __m512i r = _mm512_cvt_roundps_epi32(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     _mm512_mask_cvtepi32_storeu_epi8(q + k, m, _mm512_max_epi32(lo, _mm512_min_epi32(hi, r)));
   }
@@ -448,12 +465,95 @@ bool cpu_amx_int8_supported() {
   return __get_cpuid_count(7, 0, &a, &b, &c, &d) && (d >> 24 & 1) && (d >> 25 & 1);
 }
 
+namespace {
+
+// 16 elements of a row of x in its dtype (KIND 0 fp32, 1 bf16, 2 fp16) as fp32 (exact), 0 outside m.
+template <int KIND>
+TERNARY_VNNI inline __m512 load_f32(const void* x, int64_t k, __mmask16 m) {
+  if constexpr (KIND == 0) {
+    return _mm512_maskz_loadu_ps(m, static_cast<const float*>(x) + k);
+  } else {
+    const __m256i h = _mm256_maskz_loadu_epi16(m, static_cast<const uint16_t*>(x) + k);
+    return KIND == 1 ? _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16)) : _mm512_cvtph_ps(h);
+  }
+}
+
+TERNARY_VNNI inline __mmask16 lanes16(int64_t left) {
+  return left >= 16 ? __mmask16(0xFFFF) : left > 0 ? __mmask16((1u << left) - 1) : __mmask16(0);
+}
+
+// xq of 16 elements as int32 (w8_quantize_row's arithmetic: the product by 1 / sx, divided where
+// it lies near a half-integer), clamped to +-127.
+TERNARY_VNNI inline __m512i quantize16(__m512 xv, __m512 vs, __m512 vinv, bool fast) {
+  __m512 v;
+  if (fast) {
+    v = _mm512_mul_ps(xv, vinv);
+    asm("" : "+v"(v));
+    const __m512 frac = _mm512_sub_ps(v, _mm512_roundscale_ps(v, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC));
+    const __m512 dist = _mm512_abs_ps(_mm512_sub_ps(frac, _mm512_set1_ps(0.5f)));
+    if (_mm512_cmp_ps_mask(dist, _mm512_mul_ps(_mm512_abs_ps(v), _mm512_set1_ps(0x1p-21f)), _CMP_LE_OQ))
+      v = _mm512_div_ps(xv, vs);
+  } else {
+    v = _mm512_div_ps(xv, vs);
+  }
+  const __m512i r = _mm512_cvt_roundps_epi32(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  return _mm512_max_epi32(_mm512_set1_epi32(-127), _mm512_min_epi32(_mm512_set1_epi32(127), r));
+}
+
+template <int KIND>
+TERNARY_VNNI float quantize_row_u8(const void* x, int64_t K, uint8_t* a, int64_t lda) {
+  __m512 amax[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+  int64_t k = 0;
+  for (; k + 64 <= K; k += 64)  // four chains: one vmaxps chain waits its latency a vector
+    for (int i = 0; i < 4; ++i)
+      amax[i] = _mm512_max_ps(amax[i], _mm512_abs_ps(load_f32<KIND>(x, k + 16 * i, __mmask16(0xFFFF))));
+  for (; k < K; k += 16) amax[0] = _mm512_max_ps(amax[0], _mm512_abs_ps(load_f32<KIND>(x, k, lanes16(K - k))));
+  float sx = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_max_ps(amax[0], amax[1]), _mm512_max_ps(amax[2], amax[3]))) / 127.0f;  // as torch: fp32 absmax / 127, 1 where that is 0
+  if (!(sx > 0.f)) sx = 1.f;
+  const float inv = 1.f / sx;
+  const bool fast = std::isfinite(inv);
+  const __m512 vs = _mm512_set1_ps(sx), vinv = _mm512_set1_ps(inv);
+  // 64 a step: four int32 vectors packed to bytes (vpackssdw / vpacksswb interleave the 128-bit
+  // lanes; vpermd puts them back in order), + 128 as xor 0x80, one store; past K the loads give 0
+  const __m512i order = _mm512_set_epi32(15, 11, 7, 3, 14, 10, 6, 2, 13, 9, 5, 1, 12, 8, 4, 0);
+  const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));
+  for (k = 0; k < lda; k += 64) {
+    __m512i r[4];
+    for (int i = 0; i < 4; ++i) r[i] = quantize16(load_f32<KIND>(x, k + 16 * i, lanes16(K - k - 16 * i)), vs, vinv, fast);
+    const __m512i b = _mm512_packs_epi16(_mm512_packs_epi32(r[0], r[1]), _mm512_packs_epi32(r[2], r[3]));
+    const __m512i v = _mm512_xor_si512(_mm512_permutexvar_epi32(order, b), flip);
+    if (lda - k >= 64) _mm512_storeu_si512(a + k, v);
+    else _mm512_mask_storeu_epi8(a + k, (1ull << (lda - k)) - 1, v);
+  }
+  return sx;
+}
+
+}  // namespace
+
+TERNARY_VNNI float w8_quantize_row_u8(const void* x, int kind, int64_t K, uint8_t* a, int64_t lda) {
+  return kind == 0 ? quantize_row_u8<0>(x, K, a, lda)
+         : kind == 1 ? quantize_row_u8<1>(x, K, a, lda)
+                     : quantize_row_u8<2>(x, K, a, lda);
+}
+
 TERNARY_VNNI void fold_row_scales(const uint16_t* srow, int64_t S, int8_t* q, float* ws) {
-  float smax = 0.f;
-  for (int64_t b = 0; b < S; ++b) smax = std::max(smax, std::fabs(_cvtsh_ss(srow[b])));
-  for (int64_t b = 0; b < S; ++b) {
-    const float r = smax > 0.f ? std::nearbyint(_cvtsh_ss(srow[b]) / smax * 127.f) : 0.f;
-    q[b] = static_cast<int8_t>(r == r ? r : 0.f);  // NaN (a NaN scale): 0
+  // 16 blocks a vector (a row has S = K / block_size of them: 8 to 24 on the models measured)
+  const auto load = [&](int64_t b) TERNARY_VNNI {
+    const __mmask16 m = static_cast<__mmask16>((1u << std::min<int64_t>(16, S - b)) - 1);
+    return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, srow + b));  // masked lanes: 0
+  };
+  __m512 amax = _mm512_setzero_ps();
+  for (int64_t b = 0; b < S; b += 16) amax = _mm512_max_ps(amax, _mm512_abs_ps(load(b)));
+  const float smax = _mm512_reduce_max_ps(amax);
+  const __m512 sv = _mm512_set1_ps(smax), k127 = _mm512_set1_ps(127.f);
+  for (int64_t b = 0; b < S; b += 16) {
+    const __mmask16 m = static_cast<__mmask16>((1u << std::min<int64_t>(16, S - b)) - 1);
+    // s / smax * 127 rounded to nearest even, as torch.round; 0 where smax is 0 (0 / 0: NaN)
+    // or the scale is NaN
+    __m512 r = _mm512_roundscale_ps(_mm512_mul_ps(_mm512_div_ps(load(b), sv), k127),
+                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    r = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(r, r, _CMP_ORD_Q), r);
+    _mm_mask_storeu_epi8(q + b, m, _mm512_cvtepi32_epi8(_mm512_cvtps_epi32(r)));
   }
   *ws = smax / 127.f;
 }
@@ -463,20 +563,28 @@ TERNARY_VNNI void vnni_rows_s8(const W8Problem& p, const VnniPlan& plan, int64_t
   const int64_t quads = kc / 4, rows = n1 - n0, groups = (rows + kVnniCols - 1) / kVnniCols, S = plan.S;
   constexpr int kHalves = kVnniCols / 16;
   const std::vector<uint8_t> zero_row(p.row_bytes, 0);
-  // Row r of a half's 16 is qword r of (a, b): byte 4r + i of vpermt2b's index is 8r (+ the byte
-  // of the chunk), copying row r's packed byte into all four bytes of dword r; vpmultishiftqb
-  // then moves code i (bits 2i, 2i + 1 of that byte) to the low bits of byte i.
-  alignas(64) uint8_t idx[64], sh[64];
+  // A half's 16 rows, row r in qword r of (a, b) (8 packed bytes: 32 columns). Per packed byte:
+  //   vpermt2b    row r's byte into all four bytes of dword r (index byte 4r + i: 8r + the byte)
+  //   vpmultishiftqb   code i (bits 2i, 2i + 1 of that byte) to the low bits of byte i
+  //   vpternlogd  (& 3) | 4 * (r % 4): the index of row r's code in its 128-bit lane's table
+  //   vpshufb     the table: bytes 4r .. 4r + 3 = {0, q, -q, 0} for codes 00, 01, 10, 11
+  //               (q: row r's folded scale of the block; the reserved 11 reads as 0, as
+  //               format.unpack_ternary reads it)
+  // 4 instructions per 64 weights, 3 of them on the shuffle port.
+  alignas(64) uint8_t idx[64], sh[64], pos[64];
   for (int k = 0; k < 64; ++k) {
     idx[k] = static_cast<uint8_t>(8 * (k / 4));
     sh[k] = static_cast<uint8_t>(8 * (k % 8) + 2 * (k % 4));
+    pos[k] = static_cast<uint8_t>(4 * ((k / 4) % 4));
   }
-  const __m512i base = _mm512_load_si512(idx), ctrl = _mm512_load_si512(sh);
-  const __m512i three = _mm512_set1_epi8(3), one = _mm512_set1_epi8(1), two = _mm512_set1_epi8(2);
-  // qv[(h * (S + 1) + b) * 64 + 4r + i]: the folded scale of block b of the group's row 16h + r
-  // (every byte of dword r), nqv its negation; block S (the columns past K) and missing rows 0
-  std::vector<int8_t> qrow(S + 1, 0);
-  std::vector<int8_t> qv(kHalves * (S + 1) * 64), nqv(kHalves * (S + 1) * 64);
+  const __m512i base = _mm512_load_si512(idx), ctrl = _mm512_load_si512(sh), lane_pos = _mm512_load_si512(pos);
+  const __m512i three = _mm512_set1_epi8(3), one = _mm512_set1_epi8(1);
+  __m512i index[8];
+  for (int byte = 0; byte < 8; ++byte) index[byte] = _mm512_add_epi8(base, _mm512_set1_epi8(static_cast<char>(byte)));
+  // tbl[(h * (S + 1) + b) * 16 + r]: the table dword of block b for the group's row 16h + r;
+  // block S (the columns past K) and missing rows all zero
+  std::vector<int8_t> qrow(S);
+  std::vector<uint32_t> tbl(kHalves * (S + 1) * 16);
   for (int64_t g = 0; g < groups; ++g) {
     alignas(64) const uint8_t* src[kHalves][16];
     for (int h = 0; h < kHalves; ++h)
@@ -484,57 +592,53 @@ TERNARY_VNNI void vnni_rows_s8(const W8Problem& p, const VnniPlan& plan, int64_t
         const int64_t row = kVnniCols * g + 16 * h + r;
         src[h][r] = row < rows ? p.row(n0 + row) : zero_row.data();
         if (row < rows) fold_row_scales(p.scale + (n0 + row) * p.lds, S, qrow.data(), ws + row);
-        else std::fill(qrow.begin(), qrow.end(), 0);
-        for (int64_t b = 0; b <= S; ++b)
-          for (int i = 0; i < 4; ++i) {
-            const int8_t q = b < S ? qrow[b] : 0;
-            qv[(h * (S + 1) + b) * 64 + 4 * r + i] = q;
-            nqv[(h * (S + 1) + b) * 64 + 4 * r + i] = static_cast<int8_t>(-q);
-          }
+        for (int64_t b = 0; b <= S; ++b) {
+          const uint32_t q = row < rows && b < S ? static_cast<uint8_t>(qrow[b]) : 0u;
+          tbl[(h * (S + 1) + b) * 16 + r] = q << 8 | ((0x100u - q) & 0xFFu) << 16;
+        }
       }
     int8_t* out = tile + g * quads * 4 * kVnniCols;  // [quads, kVnniCols, 4]
-    __m512i sum[kHalves];
-    for (int h = 0; h < kHalves; ++h) sum[h] = _mm512_setzero_si512();
-    for (int64_t c = 0; c < kc / kChunk; ++c) {
-      const int64_t q0 = 16 * c;  // the chunk's first pair of columns (VnniPlan), its quads 8c ..
-      const bool uniform = plan.b1[q0 + 15] == plan.b0[q0];
-      for (int h = 0; h < kHalves; ++h) {
-        const int8_t* qvh = qv.data() + h * (S + 1) * 64;
-        const int8_t* nqvh = nqv.data() + h * (S + 1) * 64;
+    // a half at a time over all of K: its row sums stay in one register
+    for (int h = 0; h < kHalves; ++h) {
+      const uint32_t* th = tbl.data() + h * (S + 1) * 16;
+      __m512i sum = _mm512_setzero_si512();
+      for (int64_t c = 0; c < kc / kChunk; ++c) {
+        const int64_t q0 = 16 * c;  // the chunk's first pair of columns (VnniPlan), its quads 8c ..
         const __m512i off = _mm512_set1_epi64(8 * c);
         const __m512i a = _mm512_i64gather_epi64(_mm512_add_epi64(_mm512_load_si512(src[h]), off), nullptr, 1);
         const __m512i bb = _mm512_i64gather_epi64(_mm512_add_epi64(_mm512_load_si512(src[h] + 8), off), nullptr, 1);
-        __m512i qb = _mm512_loadu_si512(qvh + plan.b0[q0] * 64), nb = _mm512_loadu_si512(nqvh + plan.b0[q0] * 64);
-        for (int byte = 0; byte < 8; ++byte) {
-          const int64_t quad = 8 * c + byte;
-          if (!uniform) {  // a block boundary in the chunk: each byte i of a dword its column's block
-            const int32_t blk[4] = {plan.b0[2 * quad], plan.b1[2 * quad], plan.b0[2 * quad + 1],
-                                    plan.b1[2 * quad + 1]};
-            qb = _mm512_loadu_si512(qvh + blk[0] * 64);
-            nb = _mm512_loadu_si512(nqvh + blk[0] * 64);
-            for (int i = 1; i < 4; ++i)
-              if (blk[i] != blk[0]) {
-                const __mmask64 lanes = 0x1111111111111111ull << i;
-                qb = _mm512_mask_blend_epi8(lanes, qb, _mm512_loadu_si512(qvh + blk[i] * 64));
-                nb = _mm512_mask_blend_epi8(lanes, nb, _mm512_loadu_si512(nqvh + blk[i] * 64));
-              }
+        int8_t* dst = out + 8 * c * 4 * kVnniCols + 64 * h;
+        if (plan.b1[q0 + 15] == plan.b0[q0]) {  // the chunk in one block: one table
+          const __m512i t0 = _mm512_loadu_si512(th + plan.b0[q0] * 16);
+#pragma GCC unroll 8
+          for (int byte = 0; byte < 8; ++byte) {
+            const __m512i z = _mm512_permutex2var_epi8(a, index[byte], bb);
+            const __m512i at = _mm512_ternarylogic_epi32(_mm512_multishift_epi64_epi8(ctrl, z), three, lane_pos, 0xEA);
+            const __m512i v = _mm512_shuffle_epi8(t0, at);
+            sum = _mm512_dpbusd_epi32(sum, one, v);
+            _mm512_store_si512(dst + byte * 4 * kVnniCols, v);
           }
-          const __m512i z = _mm512_permutex2var_epi8(a, _mm512_add_epi8(base, _mm512_set1_epi8(static_cast<char>(byte))), bb);
-          const __m512i code = _mm512_and_si512(_mm512_multishift_epi64_epi8(ctrl, z), three);
-          // 01 -> +q, 10 -> -q, 00 and the reserved 11 -> 0 (as format.unpack_ternary reads it)
-          const __m512i v = _mm512_mask_mov_epi8(_mm512_maskz_mov_epi8(_mm512_cmpeq_epi8_mask(code, one), qb),
-                                                 _mm512_cmpeq_epi8_mask(code, two), nb);
-          sum[h] = _mm512_dpbusd_epi32(sum[h], one, v);
-          _mm512_store_si512(out + quad * 4 * kVnniCols + 64 * h, v);
+        } else {  // a block boundary in the chunk: byte i of each dword reads its column's block
+          for (int byte = 0; byte < 8; ++byte) {
+            const int64_t quad = 8 * c + byte;
+            const int32_t blk[4] = {plan.b0[2 * quad], plan.b1[2 * quad], plan.b0[2 * quad + 1], plan.b1[2 * quad + 1]};
+            const __m512i z = _mm512_permutex2var_epi8(a, index[byte], bb);
+            const __m512i at = _mm512_ternarylogic_epi32(_mm512_multishift_epi64_epi8(ctrl, z), three, lane_pos, 0xEA);
+            __m512i v = _mm512_shuffle_epi8(_mm512_loadu_si512(th + blk[0] * 16), at);
+            for (int i = 1; i < 4; ++i)
+              if (blk[i] != blk[0])
+                v = _mm512_mask_blend_epi8(0x1111111111111111ull << i, v,
+                                           _mm512_shuffle_epi8(_mm512_loadu_si512(th + blk[i] * 16), at));
+            sum = _mm512_dpbusd_epi32(sum, one, v);
+            _mm512_store_si512(dst + byte * 4 * kVnniCols, v);
+          }
         }
       }
-    }
-    // the u8 side is xq + 128: 128 * (the row's sum of w) comes off every dot (store_rows_w8)
-    for (int h = 0; h < kHalves; ++h) {
-      alignas(64) int32_t s[16];
-      _mm512_store_si512(s, _mm512_slli_epi32(sum[h], 7));
+      // the u8 side is xq + 128: 128 * (the row's sum of w) comes off every dot (store_rows_w8)
+      alignas(64) int32_t sums[16];
+      _mm512_store_si512(sums, _mm512_slli_epi32(sum, 7));
       for (int r = 0; r < 16; ++r)
-        if (kVnniCols * g + 16 * h + r < rows) comp[kVnniCols * g + 16 * h + r] = s[r];
+        if (kVnniCols * g + 16 * h + r < rows) comp[kVnniCols * g + 16 * h + r] = sums[r];
     }
   }
 }
