@@ -74,7 +74,7 @@ LIMITS: tuple[Limit, ...] = (
           "int8 activations on Hopper: smallest M x N that takes this repository's s8 wgmma kernel on a layer that "
           "also holds Humming's layout, Humming's int2 x int8 below (band Q2; 1: ours at every M, no Humming layout; "
           "0: Humming at every M)"),
-    Limit("TERNARY_HUMMING_GEMV_MAX_M", 0,
+    Limit("TERNARY_HUMMING_GEMV_MAX_M", 4,
           "on a layer holding Humming's layout (float activations), largest M that takes this repository's small-M "
           "kernel over Humming's tensors (band HG; 0: Humming's kernel at every M; at most 16)"),
     Limit("TERNARY_HUMMING_MIN_WEIGHTS", 16_777_216,
@@ -284,9 +284,9 @@ HUMMING_GEMV_BAND = Band(
           "(Humming's layout: N % 64 == 0, K % 128 == 0)", HUMMING_GEMV,
     "mma.sync m16n8k16 with Humming's words as its A fragments, 64 W rows a CTA, K split over CTAs to fill the GPU "
     "(csrc/ternary_humming_gemv.cu)",
-    "not measured yet, so off by default: built and its layout tested on the CPU, never run on a GPU (2026-12-05: no "
-    "device lent); `bash benchmarks/gpu/gpu_e2e_run.sh setup humming_gemv` times it against Humming at M 1-16",
-    lambda c, d, l: c.m <= min(16, l["TERNARY_HUMMING_GEMV_MAX_M"]),
+    "8B per decoder layer on the H200 (kernel-h200-hg.md, 2026-12-05): 57.29/63.01/99.40 us at M 1/4/16 against "
+    "Humming's 64.16/64.74/70.28, so on at M <= 4 (M 8 not measured)",
+    lambda c, d, l: 1 <= c.m <= min(16, l["TERNARY_HUMMING_GEMV_MAX_M"]),
 )
 BOTH_BAND = Band(
     "H2", "the layer holds both layouts (TERNARY_GPU_BACKEND=both): this repository's kernel where bands 1-9 give "

@@ -126,8 +126,8 @@ stage_kernel() {
   grep -E "^Geometric|^Worst|^Tiled kernel|^wgmma kernel|WRONG" "$OUT/kernel-h200-detail.md"
 }
 
-# The kernel over Humming's layout (band HG, csrc/ternary_humming_gemv.cu; off by default until this
-# stage has run): its GPU tests, bench_band.py with the band on at every M <= 16 (kernel-h200.*; the
+# The kernel over Humming's layout (band HG, csrc/ternary_humming_gemv.cu; on at M <= 4 from this
+# stage's first run, 2026-12-05, kernel-h200-hg.md): its GPU tests, bench_band.py with the band on at every M <= 16 (kernel-h200.*; the
 # default edge is then set from it and the JSON re-derived with --derive), the probe's per-layer
 # k_split sweep (humming-gemv-h200.*), memcheck on its small cases. ~8 min with setup on a fresh machine.
 stage_humming_gemv() {
