@@ -39,7 +39,7 @@ sys.path.insert(0, str(REPO))
 
 from ternary_plugin import format as fmt  # noqa: E402
 from ternary_plugin import ops  # noqa: E402
-from ternary_plugin.activations import reference_linear_w2a8  # noqa: E402
+from ternary_plugin.activations import reference_linear_w2a8, reference_linear_w2a8_folded  # noqa: E402
 
 # (model, layer, K, N): MiniLM hidden 384, intermediate 1536; Qwen3-Embedding-0.6B hidden 1024,
 # 16 q / 8 kv heads of 128, intermediate 3072 (qkv N = 2048 + 1024 + 1024, gate_up 2 x 3072).
@@ -52,7 +52,7 @@ SHAPES = [
 MS = [1, 4, 16, 64, 128, 512, 2048]
 COPIES_BYTES = 64 << 20  # bf16 weight bytes the copies of a layer add up to (2x L3)
 KERNEL_FLAGS = ("avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512vbmi", "avx512_bf16", "avx512_vnni",
-                "amx_tile", "amx_bf16", "f16c", "fma", "avx2")
+                "amx_tile", "amx_bf16", "amx_int8", "f16c", "fma", "avx2")
 
 
 def machine() -> dict:
@@ -106,6 +106,11 @@ def vllm_cpu_layers(weights: list[torch.Tensor]) -> list[torch.nn.Module] | None
     return layers
 
 
+def w2a8_kernel(m: int) -> str:
+    """The W2A8 kernel gemm_w2a8 takes for M rows here ("amx", "avx512_vnni", "avx2")."""
+    return torch.ops.ternary_serve.cpu_w2a8_kernel(m)
+
+
 def bench_layer(model, layer, k, n, ms, threads, min_seconds, min_reps, w2a8=True, vllm=True) -> list[dict]:
     g = torch.Generator().manual_seed(hash((model, layer)) & 0xFFFF)
     copies = max(2, min(256, -(-COPIES_BYTES // (2 * k * n))))
@@ -118,6 +123,7 @@ def bench_layer(model, layer, k, n, ms, threads, min_seconds, min_reps, w2a8=Tru
     w_fp32 = [w32.clone() for _ in range(copies)]
     vl = vllm_cpu_layers(w_bf16) if vllm else None
     rows = []
+    fold_err: dict = {}
     for m in ms:
         x32 = torch.randn(m, k, generator=g)
         x = {"bf16": x32.to(torch.bfloat16), "fp32": x32}
@@ -126,11 +132,15 @@ def bench_layer(model, layer, k, n, ms, threads, min_seconds, min_reps, w2a8=Tru
             y = torch.ops.ternary_serve.gemm(xd, packed, scale, None, 128, 0).double()
             err = float((y - (xd.double() @ w32.double().t())).norm() / max(float(ref.norm()), 1e-30))
             assert err < (1e-2 if name == "bf16" else 1e-5), f"{model} {layer} M={m} {name}: error {err:.3g}"
-            if w2a8:  # against the mode's float64 reference (the same int8 activations)
+            if w2a8:  # against the reference of the kernel it takes (the same int8 activations)
                 y8 = torch.ops.ternary_serve.gemm_w2a8(xd, packed, scale, None, 128, 0).double()
                 ref8 = reference_linear_w2a8(xd.double(), packed, scale, None, 128)
-                err = float((y8 - ref8).norm() / max(float(ref8.norm()), 1e-30))
+                own = (reference_linear_w2a8_folded(xd, packed, scale, None, 128).double()
+                       if w2a8_kernel(m) == "amx" else ref8)
+                err = float((y8 - own).norm() / max(float(own.norm()), 1e-30))
                 assert err < (1e-2 if name == "bf16" else 1e-5), f"{model} {layer} M={m} w2a8 {name}: error {err:.3g}"
+                # the folded scales' distance from the exact per-block weighing, on this layer's scales
+                fold_err[(m, name)] = float((y8 - ref8).norm() / max(float(ref8.norm()), 1e-30))
         for t in threads:
             torch.set_num_threads(t)
             ms_ = time_interleaved({
@@ -161,6 +171,10 @@ def bench_layer(model, layer, k, n, ms, threads, min_seconds, min_reps, w2a8=Tru
                     if vl and w2a8 else None,
                     # the W2A8 kernel on the same x (quantized inside the op), null where not timed
                     "w2a8_ms": round(ms_[f"w2a8_{name}"][0], 4) if w2a8 else None,
+                    # which W2A8 kernel ran ("amx": block scales folded; else exact), and its relative
+                    # error against the exact-scales reference (activation rounding shared)
+                    "w2a8_kernel": w2a8_kernel(m) if w2a8 else None,
+                    "w2a8_rel_err_vs_exact_scales": round(fold_err[(m, name)], 6) if w2a8 else None,
                     "w2a8_min_ms": round(ms_[f"w2a8_{name}"][1], 4) if w2a8 else None,
                     "speedup_w2a8_vs_bf16": round(bf16_ms[0] / ms_[f"w2a8_{name}"][0], 3) if w2a8 else None,
                     "speedup_w2a8_vs_bf16_min": round(bf16_ms[1] / ms_[f"w2a8_{name}"][1], 3) if w2a8 else None,
@@ -194,7 +208,9 @@ def markdown(meta: dict, rows: list[dict]) -> str:
            "ratio of the fastest calls, robust where other work took a core (2-thread medians then hold "
            "8-12 ms stalls, torch's and the kernel's alike). Targets (bf16 activations): Qwen3 M 1 >= 4, "
            "M 16 >= 2, M >= 128 >= 1; MiniLM >= 1 at every M; judged on the median. `w2a8`: the "
-           "int8-activation mode's kernel (gemm_w2a8, AVX512-VNNI or AVX2; x in the row's dtype, quantized per "
+           "int8-activation mode's kernel (gemm_w2a8: where the CPU has AMX-INT8, from M 16 the AMX kernel, "
+           "block scales folded into int8 weights, the JSON's w2a8_kernel and w2a8_rel_err_vs_exact_scales; "
+           "else AVX512-VNNI or AVX2, exact block scales; x in the row's dtype, quantized per "
            "token inside the op, its time included); `w2a8 vs bf16`: torch bf16 time / w2a8 time (median; "
            "fastest calls in brackets); its target (Qwen3, M >= 128): >= 1.5. `vLLM bf16`: vLLM-CPU's own "
            "GEMM for the bf16 original's layer (dispatch_cpu_unquantized_gemm: the weight prepacked for oneDNN, "

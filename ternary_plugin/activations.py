@@ -145,7 +145,8 @@ def reference_linear_w2a8_folded(
     it, bit for bit: ``d = xq . (code * q)`` over all of K (an exact integer), then
     ``y = ((float32(d) * sx) * ws) + bias``, each operation rounded in float32, then to x.dtype.
     Against reference_linear_w2a8 (scales exact per block) it differs by at most
-    ``sx * sum_b |q_b * ws - scale_b| * |xq . code|_b`` (each ``|q_b * ws - scale_b| <= ws / 2``)."""
+    ``sx * sum_b |q_b * ws - scale_b| * |xq . code|_b`` (each ``|q_b * ws - scale_b| <= ws / 2``, and
+    2^-15 ws more where the float32 quotient rounds across a half) plus float32 roundings."""
     k = x.shape[-1]
     codes = fmt.unpack_ternary(packed[:, : fmt.packed_cols(k)], k)  # int8 [N, K]
     q, ws = fold_block_scales(scale, k, block_size, k_offset)

@@ -10,7 +10,7 @@ from vllm.model_executor.layers.linear import LinearMethodBase, ReplicatedLinear
 from . import compat, dispatch, envs, humming_backend
 from . import format as fmt
 from .activations import ternary_linear_w2a8
-from .ops import (advise_cpu_dtype_once, advise_cpu_w2a8_once, ensure_op_registered, kernel_wants_padding,
+from .ops import (advise_cpu_dtype_once, announce_cpu_w2a8_once, ensure_op_registered, kernel_wants_padding,
                   pad_packed_rows, ternary_linear)
 from .params import TernaryLoadError, TernaryPackedParameter, TernaryScaleParameter
 
@@ -95,7 +95,7 @@ class TernaryLinearMethod(LinearMethodBase):
         if packed.device.type == "cpu":
             advise_cpu_dtype_once(layer.ternary_params_dtype)
             if self.quant_config.w2a8 and not self.quant_config.token_block:
-                advise_cpu_w2a8_once()
+                announce_cpu_w2a8_once()
         if packed.is_cuda and self._take_humming_layout(layer, packed):
             return
         if kernel_wants_padding(packed):

@@ -172,20 +172,25 @@ def _cpu_w2a8_kernel(x: torch.Tensor, token_block: bool = False) -> bool:
     return False
 
 
-def advise_cpu_w2a8_once() -> None:
-    """One warning per process where a CPU layer is built for the W2A8 mode on a CPU whose bf16
-    mode multiplies on AMX tiles (cpu_bf16_tile_kernel: brgemm): there the int8 kernel
-    (AVX512-VNNI) is the slower of the two past a few tokens. Called at weight loading, never
-    inside a traced forward (the query returns a str, which Dynamo cannot trace)."""
-    if _state.get("advised_cpu_w2a8") or cpu_w2a8_isa() is None:
+def announce_cpu_w2a8_once() -> None:
+    """One log line per process where a CPU layer is built for the W2A8 mode on a CPU whose W2A8
+    kernel runs on AMX-INT8 tiles from some batch size on (cpu_w2a8_kernel: "amx"): there the
+    block scales are folded into int8 weights (activations.reference_linear_w2a8_folded), which
+    differs from the exact per-block weighing by a bounded amount (docs/kernel.md, CPU, W2A8 on
+    AMX). Called at weight loading, never inside a traced forward (the query returns a str,
+    which Dynamo cannot trace)."""
+    if _state.get("announced_cpu_w2a8") or cpu_w2a8_isa() is None:
         return
-    _state["advised_cpu_w2a8"] = True
-    query = getattr(getattr(torch.ops, OP_NAMESPACE), "cpu_bf16_tile_kernel", None)
-    if query is not None and query(64) == "brgemm":
-        logger.warning(
-            "activation_dtype int8 on a CPU with AMX: its bf16 mode multiplies on AMX tiles and is "
-            "faster here than the int8 mode's AVX512-VNNI kernel from ~32 tokens a batch on (about "
-            "2x at 128: docs/kernel.md, CPU, AMX); serve float activations on this CPU")
+    _state["announced_cpu_w2a8"] = True
+    query = getattr(getattr(torch.ops, OP_NAMESPACE), "cpu_w2a8_kernel", None)
+    if query is None:
+        return
+    amx_from = next((m for m in (1, 2, 4, 8, 16, 32, 64, 128) if query(m) == "amx"), None)
+    if amx_from is not None:
+        logger.info(
+            "activation_dtype int8 on a CPU with AMX-INT8: batches of %d+ tokens run on AMX tiles with "
+            "each weight row's block scales folded into int8 (TERNARY_CPU_W2A8_KERNEL=exact keeps "
+            "them exact, and slower)", amx_from)
 
 
 def cpu_w2a8_calls() -> dict[str, int]:

@@ -13,10 +13,15 @@ Tolerances:
   the tile kernel's lanes are outputs), then * sx and + bias, each a 2^-24 rounding (Higham's
   gamma_n, n <= S + 20). The terms are the u = code + 1 dots and the block sums of xq, each
   bounded by 2 and 1 x sum |xq|: hence the 3. u_out: the output's rounding to x's dtype (2^-8
-  bf16, 2^-11 fp16, 2^-24 fp32). A wrong block, weight or code moves an element by ~ws sx |xq|,
-  about A / K: far above this bound's ~(S + 20) 6e-8 A.
+  bf16, 2^-11 fp16, 2^-24 fp32; and half a subnormal step, TINY_OUT, where y is that small). A
+  wrong block, weight or code moves an element by ~ws sx |xq|, about A / K: far above this
+  bound's ~(S + 20) 6e-8 A.
 - NaN-poisoned outputs (TERNARY_CPU_POISON=1, a subprocess per regime): an element the kernel
   leaves unwritten fails the bound.
+- the AMX kernel (M >= 16 where the CPU has AMX-INT8, or forced): bit for bit
+  reference_linear_w2a8_folded, its own numerics (block scales folded into int8 per row: one
+  integer dot, then three fp32 roundings it specifies); the fold's distance from the exact
+  weighing is tested against its bound on the references alone (test_fold_error_is_bounded).
 """
 
 from __future__ import annotations
@@ -33,8 +38,10 @@ import torch
 from ternary_plugin import format as fmt
 from ternary_plugin import ops
 from ternary_plugin.activations import (
+    fold_block_scales,
     quantize_activations_int8,
     reference_linear_w2a8,
+    reference_linear_w2a8_folded,
     ternary_linear_w2a8,
 )
 from tests.support import cpu_isa
@@ -59,7 +66,12 @@ needs_kernel_cpu = pytest.mark.skipif(
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 U_OUT = {torch.float32: 2.0**-24, torch.bfloat16: 2.0**-8, torch.float16: 2.0**-11}
+# half the spacing of the output dtype's subnormals: where y is that small, the rounding is absolute
+TINY_OUT = {torch.float32: 2.0**-150, torch.bfloat16: 2.0**-134, torch.float16: 2.0**-25}
 SMALL_M_MAX = 2  # ternary_cpu.cpp kW8SmallMMax: M <= 2 decodes in registers, M >= 3 tiles
+AMX_MIN_M = 16  # ternary_cpu.cpp kW8AmxMinM: the AMX kernel's first M where it runs
+# The AMX kernel's instructions (ternary_cpu_w2a8.cpp: cpu_amx_int8_supported), with the VNNI code's
+HAS_AMX = cpu_isa.AMX_INT8_FLAGS <= cpu_isa.cpu_flags() and EXPECTED_ISA == "avx512_vnni"
 TILE_ROWS = 32  # the tile kernel's register block of W rows (2 x 16 lanes)
 
 # (M, N, K, k_offset, block_size, reason)
@@ -82,6 +94,11 @@ SHAPES = [
     (20, 33, 502, 118, 128, "k_offset 118: tiny_qwen3 down_proj rank 1 at tp 2"),
     (9, 70, 130, 127, 128, "k_offset 127: the first block holds one column"),
     (2, 50, 1216, 64, 128, "tp 4 misaligned down_proj: K 1216 from k_offset 64, decode M"),
+    (15, 64, 1024, 0, 128, "M 15: the last M below the AMX kernel"),
+    (16, 200, 1000, 0, 128, "M 16: the AMX kernel's first; N 200 ends in a partial group of 64"),
+    (130, 129, 4097, 0, 128, "M 130: a brgemm call of 128 x rows and one of 2; K 4097"),
+    (40, 70, 261, 5, 8, "block_size 8 from k_offset 5: a block boundary inside most 4-column groups"),
+    (2048, 4100, 70, 0, 128, "y past 16 MB (the AMX kernel's streaming stores); N 4100"),
 ]
 SHAPE_IDS = [s[-1] for s in SHAPES]
 
@@ -114,11 +131,24 @@ def _case(m, n, k, k_offset, bs, reason, dtype, with_bias, pad=0):
     return x, packed, scale, bias, f"{reason} (M={m} N={n} K={k} k_offset={k_offset} bs={bs} {dtype}, seed {seed})"
 
 
+def _kernel(m: int) -> str:
+    """The kernel gemm_w2a8 takes here for M rows: "amx", "avx512_vnni" or "avx2"."""
+    return torch.ops.ternary_serve.cpu_w2a8_kernel(m)
+
+
 def _check(x, packed, scale, bias, bs, k_offset, what: str) -> None:
-    """The kernel against the float64 reference, element by element (the module's bound)."""
+    """The kernel against its reference: the AMX kernel against the folded one bit for bit, the
+    exact kernels against the float64 reference element by element (the module's bound)."""
     k = x.shape[1]
     y = torch.ops.ternary_serve.gemm_w2a8(x, packed, scale, bias, bs, k_offset)
     assert y.shape == (x.shape[0], packed.shape[0]) and y.dtype == x.dtype, what
+    if _kernel(x.shape[0]) == "amx":
+        want = reference_linear_w2a8_folded(x, packed, scale, bias, bs, k_offset)
+        bad = y != want  # NaN (a poisoned element left unwritten) counts as bad
+        assert not bool(bad.any()), (
+            f"{what} (AMX kernel): {int(bad.sum())} of {bad.numel()} elements differ from the folded reference, "
+            f"first at {tuple(int(i) for i in bad.nonzero()[0])}: got {y[bad][0]:.6g}, expected {want[bad][0]:.6g}")
+        return
     ref = reference_linear_w2a8(x.double(), packed, scale, None if bias is None else bias.double(), bs, k_offset)
     xq, sx = quantize_activations_int8(x)
     nb = fmt.scale_cols(k, bs, k_offset)
@@ -129,7 +159,7 @@ def _check(x, packed, scale, bias, bs, k_offset, what: str) -> None:
     a = sx.double()[:, None] * (3 * abs_blocks @ ws.t())
     if bias is not None:
         a = a + bias.double().abs()
-    bound = U_OUT[x.dtype] * ref.abs() + (nb + 20) * 2.0**-24 * a
+    bound = U_OUT[x.dtype] * ref.abs() + TINY_OUT[x.dtype] + (nb + 20) * 2.0**-24 * a
     diff = (y.double() - ref).abs()
     bad = ~(diff <= bound)  # NaN counts as bad
     assert not bool(bad.any()), (
@@ -197,7 +227,10 @@ def test_integer_case_is_exact(m):
     x[m - 1] = 0.0  # all-zero row: sx = 1, xq = 0
     bias = torch.randint(-5, 6, (n,), generator=g).float()
     y = torch.ops.ternary_serve.gemm_w2a8(x, packed, scale, bias, 128, 0)
-    assert torch.equal(y, (x.double() @ codes.double().t() + bias.double()).float()), f"seed {seed}"
+    if _kernel(m) == "amx":  # its own numerics (ws = 1 / 127 is no float): the folded reference's
+        assert torch.equal(y, reference_linear_w2a8_folded(x, packed, scale, bias, 128, 0)), f"seed {seed}"
+    else:
+        assert torch.equal(y, (x.double() @ codes.double().t() + bias.double()).float()), f"seed {seed}"
     assert torch.equal(y[m - 1], bias), f"seed {seed}"
 
 
@@ -208,16 +241,21 @@ def test_low_precision_y_is_the_fp32_y_rounded_once(m, dtype):
     """A bf16 / fp16 x gives y rounded once from the fp32 result, as torch rounds (nearest even):
     the tile kernel writes y in x's dtype itself. Integer x with absmax 127 and unit scales make
     y an exact integer (|y| ~ 2000, past the 8 / 11 significant bits of bf16 / fp16), so many
-    results are rounding ties; x in fp32 holds the same values (the op widens x exactly)."""
+    results are rounding ties; x in fp32 holds the same values (the op widens x exactly). The AMX
+    kernel (tile M where the CPU has AMX-INT8) gets scales of 127: its folded scale is then 1."""
     seed = _seed("rounded once", m, str(dtype))
     g = torch.Generator().manual_seed(seed)
     n, k = 70, 1500
     codes = torch.randint(-1, 2, (n, k), generator=g, dtype=torch.int8)
-    packed, scale = fmt.pack_ternary(codes), torch.ones(n, fmt.scale_cols(k), dtype=torch.float16)
+    amx = _kernel(m) == "amx"
+    packed = fmt.pack_ternary(codes)
+    scale = torch.full((n, fmt.scale_cols(k)), 127.0 if amx else 1.0, dtype=torch.float16)
     x = torch.randint(-127, 128, (m, k), generator=g).to(dtype)
     x[:, 0] = 127.0
     bias = torch.randint(-5, 6, (n,), generator=g).to(dtype)
-    exact = (x.double() @ codes.double().t() + bias.double()).float()
+    exact = (x.double() @ (codes.double() * scale[:, :1].double()).t() + bias.double()).float()
+    if amx:
+        assert torch.equal(exact, reference_linear_w2a8_folded(x.float(), packed, scale, bias.float(), 128, 0))
     assert torch.equal(torch.ops.ternary_serve.gemm_w2a8(x.float(), packed, scale, bias.float(), 128, 0), exact)
     # a tie: nudged up and down by 2^-20 (a change fp32 holds: |y| < 2^17), it rounds two ways
     ties = int(((exact * (1 + 2.0**-20)).to(dtype) != (exact * (1 - 2.0**-20)).to(dtype)).sum())
@@ -244,15 +282,64 @@ def _check_shapes_here() -> None:
 
 
 @needs_kernel_cpu
-@pytest.mark.parametrize("small_m_max", ["0", "100000"], ids=["all_tile", "all_decode"])
-def test_both_regimes_poisoned(small_m_max):
-    """TERNARY_CPU_W2A8_SMALL_M_MAX forces one regime on every shape; TERNARY_CPU_POISON=1 makes
-    the op's output buffers NaN (xq -128) before the kernel writes them."""
+@pytest.mark.parametrize("kernel,small_m_max", [("exact", "0"), ("exact", "100000"), ("amx", "2")],
+                         ids=["all_tile", "all_decode", "all_amx"])
+def test_every_regime_poisoned(kernel, small_m_max):
+    """TERNARY_CPU_W2A8_KERNEL and TERNARY_CPU_W2A8_SMALL_M_MAX force one kernel and regime on every
+    shape; TERNARY_CPU_POISON=1 makes the op's output buffers NaN (xq -128) before the kernel
+    writes them. The AMX kernel where the CPU cannot run it: the op says so, naming the setting."""
     proc = _run_subprocess(
         "import tests.test_kernel_cpu_w2a8 as t; t._check_shapes_here(); print('CHECKED')",
-        TERNARY_CPU_W2A8_SMALL_M_MAX=small_m_max, TERNARY_CPU_POISON="1",
+        TERNARY_CPU_W2A8_KERNEL=kernel, TERNARY_CPU_W2A8_SMALL_M_MAX=small_m_max, TERNARY_CPU_POISON="1",
     )
+    if kernel == "amx" and not (HAS_AMX and cpu_isa.FORCED_ISA != "avx2"):
+        assert proc.returncode != 0 and "TERNARY_CPU_W2A8_KERNEL=amx: this CPU" in proc.stderr, proc.stderr[-3000:]
+        return
     assert proc.returncode == 0 and "CHECKED" in proc.stdout, proc.stderr[-3000:]
+
+
+@needs_kernel_cpu
+def test_w2a8_kernel_follows_amx():
+    """From AMX_MIN_M rows the AMX kernel where the CPU has AMX-INT8 (and the VNNI code runs),
+    the exact kernel below it and on every other CPU (or as TERNARY_CPU_W2A8_KERNEL forces)."""
+    forced = os.environ.get("TERNARY_CPU_W2A8_KERNEL", "auto") or "auto"
+    for m in (1, 2, AMX_MIN_M - 1, AMX_MIN_M, 512):
+        amx = forced == "amx" or (forced == "auto" and HAS_AMX and m >= AMX_MIN_M)
+        assert _kernel(m) == ("amx" if amx else EXPECTED_ISA), (m, _kernel(m), forced, sorted(cpu_isa.cpu_flags()
+                                                                                          & cpu_isa.AMX_INT8_FLAGS))
+
+
+def test_bad_w2a8_kernel_request_is_named():
+    proc = _run_subprocess("import torch, ternary_plugin._C; torch.ops.ternary_serve.cpu_w2a8_kernel(16)",
+                           TERNARY_CPU_W2A8_KERNEL="vnni")
+    assert proc.returncode != 0 and "TERNARY_CPU_W2A8_KERNEL=vnni: must be auto, exact or amx" in proc.stderr, (
+        proc.stderr[-2000:])
+
+
+@pytest.mark.parametrize("m,n,k,k_offset,bs,reason", SHAPES[:-1], ids=SHAPE_IDS[:-1])
+def test_fold_error_is_bounded(m, n, k, k_offset, bs, reason):
+    """The folded numerics against the exact (references only: any CPU). Folding moves block b's
+    scale by e_b = q_b ws - s_b, |e_b| <= ws / 2 (+ 2^-15 ws: the fp32 quotient), so |y_fold - y_exact| <= sx sum_b |e_b| |d_b|
+    (d_b the block's integer dot) plus the folded result's three fp32 roundings and the exact
+    one's float64 sums: <= 2^-21 (|y| + |bias|). Each |e_b| is checked too; and one case at
+    least must actually move (a fold that kept every scale would pass vacuously)."""
+    x, packed, scale, bias, what = _case(m, n, k, k_offset, bs, reason, torch.float32, True)
+    q, ws = fold_block_scales(scale, k, bs, k_offset)
+    nb = fmt.scale_cols(k, bs, k_offset)
+    e = q.double() * ws.double()[:, None] - scale[:, :nb].double()  # [N, nb]
+    # ws / 2, and the fp32 quotient s / S * 127 may land on the other side of a half: 127 2^-23 ws more
+    assert bool((e.abs() <= ws.double()[:, None] * (0.5 + 2.0**-15)).all()), what
+    y_fold = reference_linear_w2a8_folded(x, packed, scale, bias, bs, k_offset).double()
+    y_exact = reference_linear_w2a8(x.double(), packed, scale, bias.double(), bs, k_offset)
+    xq, sx = quantize_activations_int8(x)
+    codes = fmt.unpack_ternary(packed[:, : fmt.packed_cols(k)], k).double()
+    cols = (torch.arange(k) + k_offset) // bs
+    d = torch.stack([xq.double()[:, cols == b] @ codes[:, cols == b].t() for b in range(nb)], dim=2)  # [M, N, nb]
+    bound = sx.double()[:, None] * (d.abs() * e.abs()[None]).sum(2) + 2.0**-21 * (y_fold.abs() + bias.double().abs())
+    diff = (y_fold - y_exact).abs()
+    assert bool((diff <= bound).all()), f"{what}: worst excess {float((diff - bound).max()):.3g}"
+    if nb > 1 and k >= 64:
+        assert float(diff.max()) > 0, f"{what}: the fold changed nothing"
 
 
 def _ok():
@@ -316,23 +403,24 @@ def test_w2a8_layer_call_takes_the_kernel():
 
 
 @needs_kernel_cpu
-def test_w2a8_on_amx_is_advised_against_once():
-    """Where the bf16 mode runs on AMX tiles (the 2-core Xeon: /proc/cpuinfo amx_tile, amx_bf16)
-    the W2A8 kernel is the slower mode: the layers' loading (linear.py) calls
-    advise_cpu_w2a8_once, one warning per process however many layers; none elsewhere."""
+def test_w2a8_on_amx_is_announced_once():
+    """Where the W2A8 kernel runs on AMX-INT8 tiles from some M on, the layers' loading (linear.py)
+    calls announce_cpu_w2a8_once: one log line per process however many layers, naming the
+    folded scales and the setting that keeps them exact; none elsewhere."""
     code = """
 import logging
-logging.basicConfig(level=logging.WARNING)
+logging.basicConfig(level=logging.INFO)
 from ternary_plugin import ops
 for _ in range(3):
-    ops.advise_cpu_w2a8_once()
+    ops.announce_cpu_w2a8_once()
 print("RAN")
 """
     proc = _run_subprocess(code)
     assert proc.returncode == 0 and "RAN" in proc.stdout, proc.stderr[-3000:]
-    lines = [ln for ln in proc.stderr.splitlines() if "activation_dtype int8 on a CPU with AMX" in ln]
-    amx = cpu_isa.AMX_FLAGS <= cpu_isa.cpu_flags() and cpu_isa.FORCED_ISA != "avx2"
-    assert len(lines) == (1 if amx else 0), proc.stderr[-3000:]
+    lines = [ln for ln in proc.stderr.splitlines() if "activation_dtype int8 on a CPU with AMX-INT8" in ln]
+    want = 1 if HAS_AMX and cpu_isa.FORCED_ISA != "avx2" else 0
+    assert len(lines) == want, proc.stderr[-3000:]
+    assert all(f"batches of {AMX_MIN_M}+ tokens" in ln and "TERNARY_CPU_W2A8_KERNEL=exact" in ln for ln in lines), lines
 
 
 def test_disabled_kernel_falls_back_with_one_log_line():

@@ -393,10 +393,15 @@ constexpr int64_t kW8SmallMMax = 2;
 // The u8 tile a thread decodes: about a quarter of Zen 4's 1 MB L2, leaving room for x's rows.
 constexpr int64_t kW8TileBytes = 256 * 1024;
 
-// The AMX kernel (w2a8_kernel): its smallest M; the int8 W rows a thread decodes at once and the
+// The AMX kernel (w2a8_kernel): its smallest M. Below it the exact kernel is faster: it decodes
+// in registers (M <= 2) or into its u8 tile without folding, where the AMX kernel's decode alone
+// (~0.45 ms for Qwen3-0.6B gate_up) is most of its time. Measured on the 2-core Xeon with AMX,
+// 1 thread, ms exact / AMX: gate_up M 4 0.38 / 0.50, M 8 0.49 / 0.53, M 12 0.55 / 0.59, M 16
+// 0.78 / 0.60; qkv M 12 0.38 / 0.43, M 16 0.87 / 0.40; down M 12 0.30 / 0.28, M 16 0.36 / 0.26.
+// The int8 W rows a thread decodes at once and the
 // u8 x rows each runs over them, in bytes (1 MB / 512 KB against 512 KB / 1 MB: 5 % faster at M
 // 2048 on Qwen3-0.6B down and gate_up, equal at M 512; 1 thread, the 2-core Xeon with AMX).
-constexpr int64_t kW8AmxMinM = 1;
+constexpr int64_t kW8AmxMinM = 16;
 constexpr int64_t kW8AmxTileBytes = 1024 * 1024;
 constexpr int64_t kW8AmxXBlockBytes = 512 * 1024;
 

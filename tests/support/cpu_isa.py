@@ -19,8 +19,10 @@ REPO = Path(__file__).resolve().parents[2]
 AVX2_FLAGS = {"avx2", "fma", "f16c"}
 FORCED_ISA = os.environ.get("TERNARY_CPU_ISA", "auto") or "auto"
 # AMX with bf16 tiles (ternary_cpu.cpp bf16_tile_kernel: at::cpu::init_amx): bf16 x past small M
-# takes oneDNN's brgemm / GEMM there, and the W2A8 mode is advised against.
+# takes oneDNN's brgemm / GEMM there.
 AMX_FLAGS = {"amx_tile", "amx_bf16"}
+# AMX with int8 tiles (ternary_cpu_w2a8.cpp cpu_amx_int8_supported): the W2A8 kernel from M 16 there.
+AMX_INT8_FLAGS = {"amx_tile", "amx_int8"}
 
 
 def cpu_flags() -> set[str]:
