@@ -222,14 +222,42 @@ cudaError_t launch_hg(const void* x, const uint32_t* wq, const void* scale, cons
   return cudaGetLastError();
 }
 
+// CTAs an SM of the kernel that M takes (M <= 8: one 8-token tile, else two), from the runtime's
+// occupancy calculator for this build (sm_90a: 98 registers a thread -> 4 CTAs an SM, 156 -> 3;
+// sm_80: 96 -> 5, 153 -> 3; the fp16 kernels use as many as the bf16 ones). Asked once per
+// process, on the device current then.
+template <int NT>
+int hg_resident_ctas() {
+  int n = 0;
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, humming_gemv_kernel<__nv_bfloat16, NT>, kHgThreads, 0) !=
+      cudaSuccess) {
+    (void)cudaGetLastError();
+    n = 0;
+  }
+  return std::max(1, n);
+}
+
 }  // namespace
 
-// CTAs along K for N / 64 row blocks: enough CTAs for ~4 per SM (4 warps each: 16 warps of
-// loads in flight an SM), at least one group a warp.
-int humming_gemv_k_split(int N, int K, int sms) {
+// CTAs along K for N / 64 row blocks: the largest power of two that keeps the grid in one wave
+// (N / 64 x k_split <= resident CTAs an SM x SMs), at most K / 512 (a group a warp). The 8B layers'
+// sweep on the H200 (132 SMs; benchmarks/results/humming-gemv-h200.md, 2026-12-05, us), one wave
+// = 528 CTAs at M 1-8, 396 at M 9-16:
+// - M 1 and 4, the best k_split is the largest inside the wave: qkv 4 (384 CTAs) 9.13 / 9.92,
+//   o 8 (512) 7.97 / 8.68, gate_up 1 (384) 17.54 / 17.87, down 8 (512) 12.62 / 13.43; the next
+//   power, out of the wave, costs 19-34 % (qkv 8: 11.34, o 16: 10.69, gate_up 2: 22.70, down 16:
+//   15.08 at M 1), and so does overshooting it a little (ceil(4 x SMs / blocks), the rule before:
+//   qkv 6 and down 9, 576 CTAs, 11.49 and 15.55).
+// - M 16, the same with 3 CTAs an SM: o 4 (256) 13.15 against 8 (512) 16.90, down 4 20.98 against
+//   26.34, gate_up 1 25.01 against 33.74, qkv 4 (384) 14.94 (best: 1, 14.64).
+// On the 0.6B shapes K / 512 binds first: the same k_split as the rule before.
+int humming_gemv_k_split(int M, int N, int K, int sms) {
+  static const int resident[2] = {hg_resident_ctas<1>(), hg_resident_ctas<2>()};
   const int blocks = N / 64, groups = K / 128;
-  const int want = (4 * sms + blocks - 1) / blocks;
-  return std::max(1, std::min(want, groups / kHgWarps));
+  const long long wave = (long long)resident[M <= 8 ? 0 : 1] * sms;
+  int split = 1;
+  while ((long long)blocks * split * 2 <= wave) split *= 2;
+  return std::max(1, std::min(split, groups / kHgWarps));
 }
 
 cudaError_t launch_humming_gemv(bool bf16, const void* x, const uint32_t* wq, const void* scale, const void* bias,

@@ -23,7 +23,7 @@ cudaError_t launch_mma(bool bf16, const void* x, const uint8_t* packed, const __
 cudaError_t launch_tiled(bool bf16, const void* x, const uint8_t* packed, const __half* scale, const void* bias,
                          void* y, int M, int N, int K, int ldp, int lds, int block_size, int k_offset, int tile,
                          cudaStream_t stream);
-int humming_gemv_k_split(int N, int K, int sms);
+int humming_gemv_k_split(int M, int N, int K, int sms);
 cudaError_t launch_humming_gemv(bool bf16, const void* x, const uint32_t* wq, const void* scale, const void* bias,
                                 void* y, float* work, unsigned int* counters, int M, int N, int K, int k_split,
                                 cudaStream_t stream);
@@ -315,7 +315,7 @@ torch::Tensor humming_gemv(const torch::Tensor& x,       // [M, K] bf16/fp16
   const at::cuda::OptionalCUDAGuard guard(x.device());
   cudaStream_t stream = at::cuda::getCurrentCUDAStream();
   const int sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
-  const int splits = k_split > 0 ? static_cast<int>(k_split) : ternary::humming_gemv_k_split(N, K, sms);
+  const int splits = k_split > 0 ? static_cast<int>(k_split) : ternary::humming_gemv_k_split(M, N, K, sms);
   auto y = torch::empty({M, N}, x.options());
   // k_split > 1: each split's fp32 sums [splits, M, N], and one counter a 64-row block, zeroed
   const torch::Tensor work = splits > 1 ? torch::empty({splits, M, N}, x.options().dtype(at::kFloat)) : torch::Tensor();

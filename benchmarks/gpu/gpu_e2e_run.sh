@@ -127,16 +127,17 @@ stage_kernel() {
 }
 
 # The kernel over Humming's layout (band HG, csrc/ternary_humming_gemv.cu; on at M <= 4 from this
-# stage's first run, 2026-12-05, kernel-h200-hg.md): its GPU tests, bench_band.py with the band on at every M <= 16 (kernel-h200.*; the
-# default edge is then set from it and the JSON re-derived with --derive), the probe's per-layer
-# k_split sweep (humming-gemv-h200.*), memcheck on its small cases. ~8 min with setup on a fresh machine.
+# stage's first run, 2026-12-05, kernel-h200-hg.md): its GPU tests, bench_band.py with the band on
+# at every M <= 16 (kernel-h200.*; the default edge is then set from it and the JSON re-derived
+# with --derive), the probe's per-layer k_split sweep at M 1/4/8/16 (humming-gemv-h200.*), memcheck
+# on its small cases. ~6-7 min with setup on a fresh machine.
 stage_humming_gemv() {
   python3 -m pytest -q -p no:cacheprovider tests/test_humming_gemv_gpu.py > "$OUT/hg_tests.log" 2>&1
   tail -2 "$OUT/hg_tests.log"; grep -E "^FAILED|^ERROR" "$OUT/hg_tests.log" | head -20
   TERNARY_HUMMING_GEMV_MAX_M=16 timeout ${BAND_TIMEOUT:-260} python3 benchmarks/bench_band.py --out "$OUT" \
     --models ${BAND_MODELS:-8B 0.6B 0.6B/tp4} > "$LOGS/bench_band.log" 2>&1 || tail -30 "$LOGS/bench_band.log"
   grep -E "^8B|^0.6B" "$LOGS/bench_band.log" | tail -12
-  python3 benchmarks/probes/humming_gemv.py "$OUT/humming-gemv-h200.json" --models 8B --ms 1 4 16 \
+  python3 benchmarks/probes/humming_gemv.py "$OUT/humming-gemv-h200.json" --models 8B --ms 1 4 8 16 \
     > "$LOGS/humming_gemv.log" 2>&1 || tail -20 "$LOGS/humming_gemv.log"
   grep -E "^\{" "$LOGS/humming_gemv.log"
   timeout 100 compute-sanitizer --tool memcheck --report-api-errors no --print-limit 20 python3 -m pytest -q \
