@@ -246,9 +246,12 @@ def embedding_cosines(src: Path, dst: Path, sentences: list[str] = SAMPLE_SENTEN
     return cos, (w2a8_cosine(dst, sentences, baseline=b) if w2a8 else [])
 
 
-def w2a8_cosine_line(cos: list[float]) -> str:
-    """The report line of the W2A8 mode's cost (converter and validator)."""
-    return (f"W2A8 (int8 activations, activation_dtype: int8) vs float activations, same checkpoint, embedding "
+def w2a8_cosine_line(cos: list[float], folded_from: int | None = None) -> str:
+    """The report line of the W2A8 mode's cost (converter and validator); ``folded_from``: the line
+    of the folded numerics this CPU's AMX kernel runs from that many tokens a batch."""
+    what = ("W2A8 (int8 activations, activation_dtype: int8)" if folded_from is None else
+            f"W2A8 as this CPU runs batches of {folded_from}+ tokens (AMX kernel, block scales folded into int8)")
+    return (f"{what} vs float activations, same checkpoint, embedding "
             f"cosine over {len(cos)} sample sentences: min {min(cos):.6f}, mean {sum(cos) / len(cos):.6f}")
 
 

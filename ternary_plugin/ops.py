@@ -172,6 +172,17 @@ def _cpu_w2a8_kernel(x: torch.Tensor, token_block: bool = False) -> bool:
     return False
 
 
+def cpu_w2a8_amx_from() -> int | None:
+    """The smallest batch (tokens) whose W2A8 layers run on this CPU's AMX kernel, block scales
+    folded (activations.reference_linear_w2a8_folded), or None where they never do."""
+    if cpu_w2a8_isa() is None:
+        return None
+    query = getattr(getattr(torch.ops, OP_NAMESPACE), "cpu_w2a8_kernel", None)
+    if query is None:
+        return None
+    return next((m for m in (1, 2, 4, 8, 16, 32, 64, 128) if query(m) == "amx"), None)
+
+
 def announce_cpu_w2a8_once() -> None:
     """One log line per process where a CPU layer is built for the W2A8 mode on a CPU whose W2A8
     kernel runs on AMX-INT8 tiles from some batch size on (cpu_w2a8_kernel: "amx"): there the
@@ -179,13 +190,10 @@ def announce_cpu_w2a8_once() -> None:
     differs from the exact per-block weighing by a bounded amount (docs/kernel.md, CPU, W2A8 on
     AMX). Called at weight loading, never inside a traced forward (the query returns a str,
     which Dynamo cannot trace)."""
-    if _state.get("announced_cpu_w2a8") or cpu_w2a8_isa() is None:
+    if _state.get("announced_cpu_w2a8"):
         return
     _state["announced_cpu_w2a8"] = True
-    query = getattr(getattr(torch.ops, OP_NAMESPACE), "cpu_w2a8_kernel", None)
-    if query is None:
-        return
-    amx_from = next((m for m in (1, 2, 4, 8, 16, 32, 64, 128) if query(m) == "amx"), None)
+    amx_from = cpu_w2a8_amx_from()
     if amx_from is not None:
         logger.info(
             "activation_dtype int8 on a CPU with AMX-INT8: batches of %d+ tokens run on AMX tiles with "

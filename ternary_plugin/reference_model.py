@@ -157,20 +157,27 @@ def embed(model_dir: Path, inputs: list[str] | list[list[int]], dtype: torch.dty
     return torch.stack(rows)
 
 
-def w2a8_linear(model_dir: Path) -> Callable:
-    """``reference_linear_w2a8`` with the checkpoint's activation_scales (per token by default)."""
+def w2a8_linear(model_dir: Path, folded: bool = False) -> Callable:
+    """``reference_linear_w2a8`` with the checkpoint's activation_scales (per token by default);
+    ``folded``: ``reference_linear_w2a8_folded``, the AMX CPU kernel's numerics (per-token scales
+    only: a token_block checkpoint always takes the exact reference)."""
     from functools import partial
 
-    from .activations import ACTIVATION_SCALES_KEY, reference_linear_w2a8
+    from .activations import ACTIVATION_SCALES_KEY, reference_linear_w2a8, reference_linear_w2a8_folded
 
     qc = ckpt.quantization_config(ckpt.read_config(model_dir)) or {}
-    return partial(reference_linear_w2a8, token_block=qc.get(ACTIVATION_SCALES_KEY) == "token_block")
+    token_block = qc.get(ACTIVATION_SCALES_KEY) == "token_block"
+    if folded and not token_block:
+        return reference_linear_w2a8_folded
+    return partial(reference_linear_w2a8, token_block=token_block)
 
 
-def w2a8_cosine(model_dir: Path, inputs: list[str], baseline: torch.Tensor | None = None) -> list[float]:
-    """Cosine, per input, between ``model_dir``'s embeddings in the W2A8 mode (its activation_scales)
-    and with float activations (same checkpoint; ``baseline``: those float embeddings if made)."""
+def w2a8_cosine(model_dir: Path, inputs: list[str], baseline: torch.Tensor | None = None,
+                folded: bool = False) -> list[float]:
+    """Cosine, per input, between ``model_dir``'s embeddings in the W2A8 mode (its activation_scales;
+    ``folded``: block scales folded, as the AMX CPU kernel runs it) and with float activations (same
+    checkpoint; ``baseline``: those float embeddings if made)."""
     if baseline is None:
         baseline = embed(model_dir, inputs)
-    w2a8 = embed(model_dir, inputs, loaded=load_model(model_dir, linear=w2a8_linear(model_dir)))
+    w2a8 = embed(model_dir, inputs, loaded=load_model(model_dir, linear=w2a8_linear(model_dir, folded)))
     return [float(c) for c in torch.nn.functional.cosine_similarity(w2a8.double(), baseline.double(), dim=-1)]

@@ -215,10 +215,16 @@ def reference_errors(config: dict, tensors: dict[str, torch.Tensor], block_size:
 def w2a8_report(model_dir: Path) -> str:
     """The W2A8 cost line, or why it could not be measured (a checkpoint transformers cannot run)."""
     from .convert import SAMPLE_SENTENCES, w2a8_cosine_line
-    from .reference_model import w2a8_cosine
+    from .ops import cpu_w2a8_amx_from
+    from .reference_model import embed, w2a8_cosine
 
     try:
-        return w2a8_cosine_line(w2a8_cosine(model_dir, SAMPLE_SENTENCES))
+        base = embed(model_dir, SAMPLE_SENTENCES)
+        lines = [w2a8_cosine_line(w2a8_cosine(model_dir, SAMPLE_SENTENCES, base))]
+        amx_from = cpu_w2a8_amx_from()
+        if amx_from is not None:  # what this CPU serves from that batch size on
+            lines.append(w2a8_cosine_line(w2a8_cosine(model_dir, SAMPLE_SENTENCES, base, folded=True), amx_from))
+        return "\n".join(lines)
     except (OSError, ValueError, KeyError) as exc:  # no tokenizer / an architecture transformers lacks
         return f"W2A8 cost not measured: {type(exc).__name__}: {exc}"
 
