@@ -78,7 +78,7 @@ REGISTRY: tuple[EnvVar, ...] = (
            "(default 2, measured); above it weight tiles are decoded once into u8; 0 always tiles"),
     EnvVar("TERNARY_CPU_W2A8_KERNEL", str, "auto", "read",
            "W2A8 CPU kernel (csrc/cpu/ternary_cpu.cpp w2a8_kernel): auto takes the AMX kernel (block scales "
-           "folded into int8 weights, oneDNN's u8 x s8 brgemm on AMX tiles) from M 16 where the CPU has "
+           "folded into int8 weights, oneDNN's u8 x s8 brgemm on AMX tiles) from M 8 where the CPU has "
            "AMX-INT8, else the exact kernel (block scales applied per block); exact or amx forces one (amx on a "
            "CPU without AMX-INT8 is an error naming it); anything else is an error naming the variable"),
     # --- read by the CUDA op's dispatch table, once per process (ternary_plugin/dispatch.py) ------

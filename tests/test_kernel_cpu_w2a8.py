@@ -18,7 +18,7 @@ Tolerances:
   bound's ~(S + 20) 6e-8 A.
 - NaN-poisoned outputs (TERNARY_CPU_POISON=1, a subprocess per regime): an element the kernel
   leaves unwritten fails the bound.
-- the AMX kernel (M >= 16 where the CPU has AMX-INT8, or forced): bit for bit
+- the AMX kernel (M >= 8 where the CPU has AMX-INT8, or forced): bit for bit
   reference_linear_w2a8_folded, its own numerics (block scales folded into int8 per row: one
   integer dot, then three fp32 roundings it specifies); the fold's distance from the exact
   weighing is tested against its bound on the references alone (test_fold_error_is_bounded).
@@ -69,7 +69,7 @@ U_OUT = {torch.float32: 2.0**-24, torch.bfloat16: 2.0**-8, torch.float16: 2.0**-
 # half the spacing of the output dtype's subnormals: where y is that small, the rounding is absolute
 TINY_OUT = {torch.float32: 2.0**-150, torch.bfloat16: 2.0**-134, torch.float16: 2.0**-25}
 SMALL_M_MAX = 2  # ternary_cpu.cpp kW8SmallMMax: M <= 2 decodes in registers, M >= 3 tiles
-AMX_MIN_M = 16  # ternary_cpu.cpp kW8AmxMinM: the AMX kernel's first M where it runs
+AMX_MIN_M = 8  # ternary_cpu.cpp kW8AmxMinM: the AMX kernel's first M where it runs
 # The AMX kernel's instructions (ternary_cpu_w2a8.cpp: cpu_amx_int8_supported), with the VNNI code's
 HAS_AMX = cpu_isa.AMX_INT8_FLAGS <= cpu_isa.cpu_flags() and EXPECTED_ISA == "avx512_vnni"
 TILE_ROWS = 32  # the tile kernel's register block of W rows (2 x 16 lanes)
@@ -94,8 +94,8 @@ SHAPES = [
     (20, 33, 502, 118, 128, "k_offset 118: tiny_qwen3 down_proj rank 1 at tp 2"),
     (9, 70, 130, 127, 128, "k_offset 127: the first block holds one column"),
     (2, 50, 1216, 64, 128, "tp 4 misaligned down_proj: K 1216 from k_offset 64, decode M"),
-    (15, 64, 1024, 0, 128, "M 15: the last M below the AMX kernel"),
-    (16, 200, 1000, 0, 128, "M 16: the AMX kernel's first; N 200 ends in a partial group of 64"),
+    (7, 64, 1024, 0, 128, "M 7: the last M below the AMX kernel"),
+    (8, 200, 1000, 0, 128, "M 8: the AMX kernel's first; N 200 ends in a partial group of 64"),
     (130, 129, 4097, 0, 128, "M 130: a brgemm call of 128 x rows and one of 2; K 4097"),
     (40, 70, 261, 5, 8, "block_size 8 from k_offset 5: a block boundary inside most 4-column groups"),
     (2048, 4100, 70, 0, 128, "y past 16 MB (the AMX kernel's streaming stores); N 4100"),

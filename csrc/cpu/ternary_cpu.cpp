@@ -394,14 +394,15 @@ constexpr int64_t kW8SmallMMax = 2;
 constexpr int64_t kW8TileBytes = 256 * 1024;
 
 // The AMX kernel (w2a8_kernel): its smallest M. Below it the exact kernel is faster: it decodes
-// in registers (M <= 2) or into its u8 tile without folding, where the AMX kernel's decode alone
-// (~0.45 ms for Qwen3-0.6B gate_up) is most of its time. Measured on the 2-core Xeon with AMX,
-// 1 thread, ms exact / AMX: gate_up M 4 0.38 / 0.50, M 8 0.49 / 0.53, M 12 0.55 / 0.59, M 16
-// 0.78 / 0.60; qkv M 12 0.38 / 0.43, M 16 0.87 / 0.40; down M 12 0.30 / 0.28, M 16 0.36 / 0.26.
-// The int8 W rows a thread decodes at once and the
-// u8 x rows each runs over them, in bytes (1 MB / 512 KB against 512 KB / 1 MB: 5 % faster at M
-// 2048 on Qwen3-0.6B down and gate_up, equal at M 512; 1 thread, the 2-core Xeon with AMX).
-constexpr int64_t kW8AmxMinM = 16;
+// in registers (M <= 2) or into its u8 tile without folding, where the AMX kernel's decode
+// (~0.4 ms for Qwen3-0.6B gate_up) is most of its time. Measured on the 2-core Xeon with AMX,
+// 1 thread, ms exact / AMX, M 4 / 8 / 12: gate_up 0.35 / 0.41, 0.48 / 0.41, 0.56 / 0.41; qkv
+// 0.22 / 0.30, 0.31 / 0.31, 0.36 / 0.34; o 0.11 / 0.18, 0.16 / 0.14, 0.21 / 0.14; down 0.18 /
+// 0.23, 0.23 / 0.21, 0.30 / 0.21; MiniLM down 0.036 / 0.058, 0.052 / 0.053, 0.065 / 0.057.
+constexpr int64_t kW8AmxMinM = 8;
+// The int8 W rows a thread decodes at once and the u8 x rows each runs over them, in bytes (1 MB
+// / 512 KB against 512 KB / 1 MB: 5 % faster at M 2048 on Qwen3-0.6B down and gate_up, equal at
+// M 512; 1 thread, the 2-core Xeon with AMX).
 constexpr int64_t kW8AmxTileBytes = 1024 * 1024;
 constexpr int64_t kW8AmxXBlockBytes = 512 * 1024;
 
@@ -541,7 +542,7 @@ torch::Tensor gemm_w2a8_cpu(const torch::Tensor& x,                   // [M, K] 
 
   if (w2a8_kernel(M) == "amx") {
     // The AMX kernel: y = sx * (S / 127) * (xq . w) + bias, w = code * q the row's folded block
-    // scales (fold_row_scales), one int32 dot over all of K: oneDNN's u8 x s8 brgemm on AMX tiles,
+    // scales (vnni_rows_s8), one int32 dot over all of K: oneDNN's u8 x s8 brgemm on AMX tiles,
     // the u8 side xq + 128 and 128 * sum(w) subtracted. The mode's exact per-block weighing
     // (the other kernels) pays a convert-and-scale per 128 columns, which on AMX tiles cost as
     // much as the dots (docs/kernel.md, CPU, W2A8 on AMX); the fold's error, against the exact

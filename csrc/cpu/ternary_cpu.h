@@ -146,15 +146,16 @@ void w8_rows_tile(const W8Problem& p, int64_t n0, int64_t n1, uint8_t* tile, flo
 int64_t w8_tile_rows(int64_t K, int64_t bytes);
 
 // The AMX kernel (W2A8 where the CPU has AMX-INT8; the driver and the numerics: ternary_cpu.cpp,
-// gemm_w2a8_cpu). A row's block scales folded into int8 against the row's largest: S = max_b |s_b|
-// over the row's S blocks, q_b = rne(s_b / S * 127) (0 where S is 0), ws = S / 127 (fp32; q [S]).
-void fold_row_scales(const uint16_t* srow, int64_t S, int8_t* q, float* ws);
+// gemm_w2a8_cpu).
 // A row of x in its dtype (`kind` as w8_widen_row's) quantized as w8_quantize_row, stored as the
 // brgemm's u8 side: a [lda] = xq + 128 (128 past K, lda >= K). Returns sx.
 float w8_quantize_row_u8(const void* x, int kind, int64_t K, uint8_t* a, int64_t lda);
 // W rows [n0, n1) as the VNNI B matrices of oneDNN's u8 x s8 brgemm, kVnniCols rows each:
 // tile [ceil(rows / kVnniCols), kc / 4, kVnniCols, 4] int8, w = value(code) * q (0 past K and past
 // the last row); comp [rows] = 128 * the row's sum of w (the u8 side is xq + 128); ws [rows].
+// A row's block scales folded into int8 against the row's largest: S = max_b |s_b| over its
+// blocks, q_b = rne(s_b / S * 127) (0 where S is 0), ws = S / 127, in fp32
+// (activations.fold_block_scales).
 void vnni_rows_s8(const W8Problem& p, const VnniPlan& plan, int64_t kc, int64_t n0, int64_t n1, int8_t* tile,
                   int32_t* comp, float* ws);
 // y[i, j] = (float(c[i, j] - comp[j]) * sx[i]) * ws[j] + bias[j], each operation rounded in fp32,

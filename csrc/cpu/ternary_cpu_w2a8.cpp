@@ -536,27 +536,33 @@ TERNARY_VNNI float w8_quantize_row_u8(const void* x, int kind, int64_t K, uint8_
                      : quantize_row_u8<2>(x, K, a, lda);
 }
 
-TERNARY_VNNI void fold_row_scales(const uint16_t* srow, int64_t S, int8_t* q, float* ws) {
-  // 16 blocks a vector (a row has S = K / block_size of them: 8 to 24 on the models measured)
+namespace {
+
+// The folded scales of 16 rows, a row a lane (fold_block_scales' arithmetic, fp32):
+// S = max_b |s_b|, q_b = rne(s_b / S * 127) (0 where that is NaN: S = 0, or a NaN scale),
+// ws = S / 127. sbits [S, 16] fp16 bits; writes tbl [S + 1, 16] ({0, q, -q, 0} as a dword a
+// row; block S zero) and ws [valid].
+TERNARY_VNNI void fold16(const uint16_t* sbits, int64_t S, uint32_t* tbl, float* ws, int valid) {
   const auto load = [&](int64_t b) TERNARY_VNNI {
-    const __mmask16 m = static_cast<__mmask16>((1u << std::min<int64_t>(16, S - b)) - 1);
-    return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, srow + b));  // masked lanes: 0
+    return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(sbits + b * 16)));
   };
-  __m512 amax = _mm512_setzero_ps();
-  for (int64_t b = 0; b < S; b += 16) amax = _mm512_max_ps(amax, _mm512_abs_ps(load(b)));
-  const float smax = _mm512_reduce_max_ps(amax);
-  const __m512 sv = _mm512_set1_ps(smax), k127 = _mm512_set1_ps(127.f);
-  for (int64_t b = 0; b < S; b += 16) {
-    const __mmask16 m = static_cast<__mmask16>((1u << std::min<int64_t>(16, S - b)) - 1);
-    // s / smax * 127 rounded to nearest even, as torch.round; 0 where smax is 0 (0 / 0: NaN)
-    // or the scale is NaN
-    __m512 r = _mm512_roundscale_ps(_mm512_mul_ps(_mm512_div_ps(load(b), sv), k127),
+  __m512 smax = _mm512_setzero_ps();
+  for (int64_t b = 0; b < S; ++b) smax = _mm512_max_ps(smax, _mm512_abs_ps(load(b)));
+  const __m512 k127 = _mm512_set1_ps(127.f);
+  const __m512i byte = _mm512_set1_epi32(0xFF);
+  for (int64_t b = 0; b < S; ++b) {
+    __m512 r = _mm512_roundscale_ps(_mm512_mul_ps(_mm512_div_ps(load(b), smax), k127),
                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    r = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(r, r, _CMP_ORD_Q), r);
-    _mm_mask_storeu_epi8(q + b, m, _mm512_cvtepi32_epi8(_mm512_cvtps_epi32(r)));
+    const __m512i q = _mm512_cvtps_epi32(_mm512_maskz_mov_ps(_mm512_cmp_ps_mask(r, r, _CMP_ORD_Q), r));
+    const __m512i d = _mm512_or_si512(_mm512_slli_epi32(_mm512_and_si512(q, byte), 8),
+                                      _mm512_slli_epi32(_mm512_and_si512(_mm512_sub_epi32(_mm512_setzero_si512(), q), byte), 16));
+    _mm512_storeu_si512(tbl + b * 16, d);
   }
-  *ws = smax / 127.f;
+  _mm512_storeu_si512(tbl + S * 16, _mm512_setzero_si512());
+  _mm512_mask_storeu_ps(ws, static_cast<__mmask16>((1u << valid) - 1), _mm512_div_ps(smax, k127));
 }
+
+}  // namespace
 
 TERNARY_VNNI void vnni_rows_s8(const W8Problem& p, const VnniPlan& plan, int64_t kc, int64_t n0, int64_t n1,
                                int8_t* tile, int32_t* comp, float* ws) {
@@ -582,21 +588,23 @@ TERNARY_VNNI void vnni_rows_s8(const W8Problem& p, const VnniPlan& plan, int64_t
   __m512i index[8];
   for (int byte = 0; byte < 8; ++byte) index[byte] = _mm512_add_epi8(base, _mm512_set1_epi8(static_cast<char>(byte)));
   // tbl[(h * (S + 1) + b) * 16 + r]: the table dword of block b for the group's row 16h + r;
-  // block S (the columns past K) and missing rows all zero
-  std::vector<int8_t> qrow(S);
+  // block S (the columns past K) and missing rows all zero. The scales are folded 16 rows at a
+  // time, a row a lane (fold16): a row at a time, with the table's scalar stores, was a sixth of
+  // the decode.
   std::vector<uint32_t> tbl(kHalves * (S + 1) * 16);
+  std::vector<uint16_t> sbits(S * 16);  // [S, 16] the half's fp16 scales, block-major
   for (int64_t g = 0; g < groups; ++g) {
     alignas(64) const uint8_t* src[kHalves][16];
-    for (int h = 0; h < kHalves; ++h)
+    for (int h = 0; h < kHalves; ++h) {
+      const int64_t row0 = kVnniCols * g + 16 * h;
       for (int r = 0; r < 16; ++r) {
-        const int64_t row = kVnniCols * g + 16 * h + r;
-        src[h][r] = row < rows ? p.row(n0 + row) : zero_row.data();
-        if (row < rows) fold_row_scales(p.scale + (n0 + row) * p.lds, S, qrow.data(), ws + row);
-        for (int64_t b = 0; b <= S; ++b) {
-          const uint32_t q = row < rows && b < S ? static_cast<uint8_t>(qrow[b]) : 0u;
-          tbl[(h * (S + 1) + b) * 16 + r] = q << 8 | ((0x100u - q) & 0xFFu) << 16;
-        }
+        src[h][r] = row0 + r < rows ? p.row(n0 + row0 + r) : zero_row.data();
+        const uint16_t* srow = p.scale + (n0 + row0 + r) * p.lds;
+        for (int64_t b = 0; b < S; ++b) sbits[b * 16 + r] = row0 + r < rows ? srow[b] : uint16_t{0};
       }
+      const int valid = static_cast<int>(std::clamp<int64_t>(rows - row0, 0, 16));
+      fold16(sbits.data(), S, tbl.data() + h * (S + 1) * 16, ws + row0, valid);
+    }
     int8_t* out = tile + g * quads * 4 * kVnniCols;  // [quads, kVnniCols, 4]
     // a half at a time over all of K: its row sums stay in one register
     for (int h = 0; h < kHalves; ++h) {
