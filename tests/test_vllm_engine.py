@@ -180,7 +180,9 @@ def test_w2a8_through_hf_overrides(tiny_qwen3):
     deployment's activation_dtype does): every rank runs W2A8, and the engine's embeddings are the
     transformers W2A8 forward's (>= 0.9999), nearer to it than to the float-activation forward. On a
     CPU whose W2A8 kernel runs on AMX (block scales folded, from ops.cpu_w2a8_amx_from() tokens a
-    batch: the engine's one batch of these texts is past it) that forward is the folded one."""
+    batch) a text is the folded forward's where the engine batched it past that, the exact one's
+    below: which one the scheduler makes varies from run to run (CI saw both), so each text must
+    match one of the two."""
     from ternary_plugin.activations import reference_linear_w2a8, reference_linear_w2a8_folded
     from ternary_plugin.reference_model import load_model
 
@@ -197,8 +199,11 @@ def test_w2a8_through_hf_overrides(tiny_qwen3):
         assert calls["kernel"] > 0 and calls["reference"] == 0, calls
     else:
         assert calls["kernel"] == 0 and calls["reference"] > 0, (calls, ops._state.get("cpu_w2a8_why"))
-    linear = reference_linear_w2a8_folded if ops.cpu_w2a8_amx_from() is not None else reference_linear_w2a8
-    w2a8 = cosines(result["embeddings"], embed(dst, texts, loaded=load_model(dst, linear=linear)))
+    w2a8 = cosines(result["embeddings"], embed(dst, texts, loaded=load_model(dst, linear=reference_linear_w2a8)))
+    if ops.cpu_w2a8_amx_from() is not None:
+        folded = cosines(result["embeddings"],
+                         embed(dst, texts, loaded=load_model(dst, linear=reference_linear_w2a8_folded)))
+        w2a8 = torch.maximum(w2a8, folded)
     plain = cosines(result["embeddings"], embed(dst, texts))
     print(f"W2A8 engine: cosine vs transformers W2A8 {w2a8.tolist()}, vs float activations {plain.tolist()}")
     assert bool((w2a8 >= COS_MIN).all()) and bool((plain >= 0.999).all()), (w2a8.tolist(), plain.tolist())
