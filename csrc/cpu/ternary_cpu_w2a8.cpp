@@ -177,6 +177,42 @@ TERNARY_VNNI void w8_all_m(const W8Problem& p, const BlockRows& rows, int64_t n0
   }
 }
 
+// 16 elements of a row of x in its dtype (KIND 0 fp32, 1 bf16, 2 fp16) as fp32 (exact), 0 outside m.
+template <int KIND>
+TERNARY_VNNI inline __m512 load_f32(const void* x, int64_t k, __mmask16 m) {
+  if constexpr (KIND == 0) {
+    return _mm512_maskz_loadu_ps(m, static_cast<const float*>(x) + k);
+  } else {
+    const __m256i h = _mm256_maskz_loadu_epi16(m, static_cast<const uint16_t*>(x) + k);
+    return KIND == 1 ? _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16)) : _mm512_cvtph_ps(h);
+  }
+}
+
+TERNARY_VNNI inline __mmask16 lanes16(int64_t left) {
+  return left >= 16 ? __mmask16(0xFFFF) : left > 0 ? __mmask16((1u << left) - 1) : __mmask16(0);
+}
+
+// xq of 16 elements as int32, clamped to +-127: x / sx rounded half to even, the IEEE quotient's
+// rounding bit for bit. The product t = x * fl(1 / sx) is within |t| 2^-22 of the quotient (two
+// roundings of 2^-24 each, plus the quotient's own), so both round to the same integer unless t
+// lies within that of a half-integer: only then (about one vector in a thousand on random rows;
+// always on ties) is the vector divided. `fast` false (1 / sx not finite): divide always.
+TERNARY_VNNI inline __m512i quantize16(__m512 xv, __m512 vs, __m512 vinv, bool fast) {
+  __m512 v;
+  if (fast) {
+    v = _mm512_mul_ps(xv, vinv);
+    asm("" : "+v"(v));
+    const __m512 frac = _mm512_sub_ps(v, _mm512_roundscale_ps(v, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC));
+    const __m512 dist = _mm512_abs_ps(_mm512_sub_ps(frac, _mm512_set1_ps(0.5f)));
+    if (_mm512_cmp_ps_mask(dist, _mm512_mul_ps(_mm512_abs_ps(v), _mm512_set1_ps(0x1p-21f)), _CMP_LE_OQ))
+      v = _mm512_div_ps(xv, vs);
+  } else {
+    v = _mm512_div_ps(xv, vs);
+  }
+  const __m512i r = _mm512_cvt_roundps_epi32(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  return _mm512_max_epi32(_mm512_set1_epi32(-127), _mm512_min_epi32(_mm512_set1_epi32(127), r));
+}
+
 }  // namespace
 
 TERNARY_VNNI float w8_quantize_row(const float* x, int64_t K, int8_t* q) {
@@ -188,47 +224,21 @@ TERNARY_VNNI float w8_quantize_row(const float* x, int64_t K, int8_t* q) {
   // as torch: fp32 absmax / 127 (IEEE division), 1 where that is 0
   float sx = _mm512_reduce_max_ps(amax) / 127.0f;
   if (!(sx > 0.f)) sx = 1.f;
-  const __m512 vs = _mm512_set1_ps(sx);
-  const __m512i hi = _mm512_set1_epi32(127), lo = _mm512_set1_epi32(-127);
-  // x / sx must be the IEEE quotient, rounded half to even like torch.round. The product t = x *
-  // fl(1 / sx) is within |t| 2^-22 of it (two roundings of 2^-24 each, plus the quotient's own), so
-  // both round to the same integer unless t lies within that of a half-integer: only then (about
-  // one vector in a thousand on random rows; always on ties) is the vector divided. Division
-  // everywhere cost a third of the AMX kernel's time at M 2048 (Qwen3-0.6B down, 1 thread).
+  // x / sx must be the IEEE quotient, rounded half to even like torch.round (quantize16)
   const float inv = 1.f / sx;
   const bool fast = std::isfinite(inv);  // a subnormal sx: 1 / sx overflows, divide all
-  const __m512 vinv = _mm512_set1_ps(inv), half = _mm512_set1_ps(0.5f), margin = _mm512_set1_ps(0x1p-21f);
+  const __m512 vs = _mm512_set1_ps(sx), vinv = _mm512_set1_ps(inv);
   for (int64_t k = 0; k < K; k += 16) {
-    const __mmask16 m = K - k >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (K - k)) - 1);
-    const __m512 xv = _mm512_maskz_loadu_ps(m, x + k);
-    __m512 v;
-    if (fast) {
-      v = _mm512_mul_ps(xv, vinv);
-      asm("" : "+v"(v));  // t itself, rounded (no fused product below)
-      const __m512 frac = _mm512_sub_ps(v, _mm512_roundscale_ps(v, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC));
-      const __m512 dist = _mm512_abs_ps(_mm512_sub_ps(frac, half));
-      if (_mm512_cmp_ps_mask(dist, _mm512_mul_ps(_mm512_abs_ps(v), margin), _CMP_LE_OQ))
-        v = _mm512_div_ps(xv, vs);
-    } else {
-      v = _mm512_div_ps(xv, vs);
-    }
-    const __m512i r = _mm512_cvt_roundps_epi32(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    _mm512_mask_cvtepi32_storeu_epi8(q + k, m, _mm512_max_epi32(lo, _mm512_min_epi32(hi, r)));
+    const __mmask16 m = lanes16(K - k);
+    _mm512_mask_cvtepi32_storeu_epi8(q + k, m, quantize16(_mm512_maskz_loadu_ps(m, x + k), vs, vinv, fast));
   }
   return sx;
 }
 
 TERNARY_VNNI void w8_widen_row(const void* x, int kind, int64_t K, float* out) {
   for (int64_t k = 0; k < K; k += 16) {
-    const __mmask16 m = K - k >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (K - k)) - 1);
-    __m512 v;
-    if (kind == 0) {
-      v = _mm512_maskz_loadu_ps(m, static_cast<const float*>(x) + k);
-    } else {
-      const __m256i h = _mm256_maskz_loadu_epi16(m, static_cast<const uint16_t*>(x) + k);
-      v = kind == 1 ? _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16))  // bf16: the high half
-                    : _mm512_cvtph_ps(h);
-    }
+    const __mmask16 m = lanes16(K - k);
+    const __m512 v = kind == 0 ? load_f32<0>(x, k, m) : kind == 1 ? load_f32<1>(x, k, m) : load_f32<2>(x, k, m);
     _mm512_mask_storeu_ps(out + k, m, v);
   }
 }
@@ -466,39 +476,6 @@ bool cpu_amx_int8_supported() {
 }
 
 namespace {
-
-// 16 elements of a row of x in its dtype (KIND 0 fp32, 1 bf16, 2 fp16) as fp32 (exact), 0 outside m.
-template <int KIND>
-TERNARY_VNNI inline __m512 load_f32(const void* x, int64_t k, __mmask16 m) {
-  if constexpr (KIND == 0) {
-    return _mm512_maskz_loadu_ps(m, static_cast<const float*>(x) + k);
-  } else {
-    const __m256i h = _mm256_maskz_loadu_epi16(m, static_cast<const uint16_t*>(x) + k);
-    return KIND == 1 ? _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16)) : _mm512_cvtph_ps(h);
-  }
-}
-
-TERNARY_VNNI inline __mmask16 lanes16(int64_t left) {
-  return left >= 16 ? __mmask16(0xFFFF) : left > 0 ? __mmask16((1u << left) - 1) : __mmask16(0);
-}
-
-// xq of 16 elements as int32 (w8_quantize_row's arithmetic: the product by 1 / sx, divided where
-// it lies near a half-integer), clamped to +-127.
-TERNARY_VNNI inline __m512i quantize16(__m512 xv, __m512 vs, __m512 vinv, bool fast) {
-  __m512 v;
-  if (fast) {
-    v = _mm512_mul_ps(xv, vinv);
-    asm("" : "+v"(v));
-    const __m512 frac = _mm512_sub_ps(v, _mm512_roundscale_ps(v, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC));
-    const __m512 dist = _mm512_abs_ps(_mm512_sub_ps(frac, _mm512_set1_ps(0.5f)));
-    if (_mm512_cmp_ps_mask(dist, _mm512_mul_ps(_mm512_abs_ps(v), _mm512_set1_ps(0x1p-21f)), _CMP_LE_OQ))
-      v = _mm512_div_ps(xv, vs);
-  } else {
-    v = _mm512_div_ps(xv, vs);
-  }
-  const __m512i r = _mm512_cvt_roundps_epi32(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  return _mm512_max_epi32(_mm512_set1_epi32(-127), _mm512_min_epi32(_mm512_set1_epi32(127), r));
-}
 
 template <int KIND>
 TERNARY_VNNI float quantize_row_u8(const void* x, int64_t K, uint8_t* a, int64_t lda) {
