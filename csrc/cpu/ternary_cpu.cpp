@@ -39,6 +39,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdlib>
+#include <initializer_list>
 #include <limits>
 #include <string>
 
@@ -82,6 +83,21 @@ int64_t env_int(const char* name, int64_t fallback) {
   return e ? std::atoll(e) : fallback;
 }
 
+// Env var `name` as one of `allowed` (unset or empty: the first, "auto"); any other value is an
+// error that names it and the choices ("X=v: must be auto, a or b"). Each caller keeps the
+// result in a static: read once per process.
+std::string env_choice(const char* name, std::initializer_list<const char*> allowed) {
+  const char* e = std::getenv(name);
+  const std::string r(e && *e ? e : *allowed.begin());
+  std::string choices;  // "auto, a or b"
+  for (size_t i = 0; i < allowed.size(); ++i) {
+    const char* a = allowed.begin()[i];
+    if (r == a) return r;
+    choices += std::string(i == 0 ? "" : i + 1 == allowed.size() ? " or " : ", ") + a;
+  }
+  TORCH_CHECK(false, name, "=", r, ": must be ", choices);
+}
+
 // TERNARY_CPU_SMALL_M_MAX, read once per process, overrides both dtypes' threshold.
 int64_t small_m_max(bool bf16) {
   static const int64_t forced = env_int("TERNARY_CPU_SMALL_M_MAX", -1);
@@ -96,13 +112,7 @@ int64_t small_m_max(bool bf16) {
 // pair; measured on the 2-core Xeon with AMX and the 2-core Zen 4 without: docs/kernel.md (CPU).
 // TERNARY_CPU_BF16_TILE=auto|pair|brgemm|gemm (read once per process) forces one.
 std::string bf16_tile_kernel(int64_t M) {
-  static const std::string req = [] {
-    const char* e = std::getenv("TERNARY_CPU_BF16_TILE");
-    const std::string r(e && *e ? e : "auto");
-    TORCH_CHECK(r == "auto" || r == "pair" || r == "brgemm" || r == "gemm", "TERNARY_CPU_BF16_TILE=", r,
-                ": must be auto, pair, brgemm or gemm");
-    return r;
-  }();
+  static const std::string req = env_choice("TERNARY_CPU_BF16_TILE", {"auto", "pair", "brgemm", "gemm"});
   static const bool amx = at::cpu::init_amx();
   if (req != "auto") return req;
   // brgemm's VNNI layout needs oneDNN (torch.backends.mkldnn.enabled = False turns it off)
@@ -147,12 +157,7 @@ void check_weights(const char* prefix, const torch::Tensor& x, const torch::Tens
 // "avx2" the AVX2 code on a CPU that also has AVX-512 (to test it, or to compare), "avx512_bf16"
 // insists on AVX-512 ("" where the CPU lacks it). It caps both kernels alike (capped_isa).
 std::string requested_isa() {
-  static const std::string req = [] {
-    const char* e = std::getenv("TERNARY_CPU_ISA");
-    return std::string(e && *e ? e : "auto");
-  }();
-  TORCH_CHECK(req == "auto" || req == "avx512_bf16" || req == "avx2", "TERNARY_CPU_ISA=", req,
-              ": must be auto, avx512_bf16 or avx2");
+  static const std::string req = env_choice("TERNARY_CPU_ISA", {"auto", "avx512_bf16", "avx2"});
   return req;
 }
 
@@ -203,6 +208,48 @@ int64_t balanced_tile_rows(int64_t N, int64_t fit, int64_t threads, int64_t mult
   const int64_t want = ((N + fit - 1) / fit + threads - 1) / threads * threads;
   return ((N + want - 1) / want + multiple - 1) / multiple * multiple;
 }
+
+#ifdef TERNARY_CPU_KERNELS
+// The tile driver of both kernels on oneDNN's batch-reduce GEMM (at::native::cpublas::brgemm:
+// AMX tiles where the CPU has them): gemm_cpu's brgemm tile (bf16 x: A bf16, B bf16, C fp32) and
+// gemm_w2a8_cpu's AMX kernel (A u8, B s8, C int32). W rows in tiles of <= tile_bytes a thread:
+// decode(n0, n1, tile) writes rows [n0, n1) as the VNNI B matrices, kVnniCols rows each. Then x
+// (a: [M, kc], lda kc) in blocks of <= xblock_bytes (L2, beside the tile); in each, a group of
+// the tile (one B matrix, L1 / L2) runs over the block's x rows kBrgemmRows a call, and
+// store(c, mt, m0, n, cols) takes the call's C (c: [mt, kVnniCols], ldc kVnniCols) to y rows
+// [m0, m0 + mt), columns [n, n + cols). The first version ran each 64-row x block over all the groups instead: up to
+// 1.5x slower at M 128-512 in a probe (bf16, Qwen3-0.6B gate_up, 1 thread).
+template <typename B, typename C, typename A, typename Decode, typename Store>
+void brgemm_tiles(int64_t M, int64_t N, int64_t kc, const A* a, int64_t tile_bytes, int64_t xblock_bytes,
+                  Decode decode, Store store) {
+  const int64_t threads = at::get_num_threads();
+  const int64_t row_bytes = kc * static_cast<int64_t>(sizeof(B)), x_row_bytes = kc * static_cast<int64_t>(sizeof(A));
+  const int64_t fit = std::max<int64_t>(kVnniCols, tile_bytes / row_bytes / kVnniCols * kVnniCols);
+  const int64_t rows = balanced_tile_rows(N, fit, threads, kVnniCols);
+  const int64_t tiles = (N + rows - 1) / rows;
+  const int64_t xb = std::max<int64_t>(kBrgemmRows, xblock_bytes / x_row_bytes / kBrgemmRows * kBrgemmRows);
+  at::parallel_for(0, tiles, 1, [&](int64_t t0, int64_t t1) {
+    const at::AutoDispatchBelowADInplaceOrView below_autograd;  // worker threads: fresh dispatch state
+    // this thread's B matrices: [rows / kVnniCols, kc / v, kVnniCols, v], v = 4 / sizeof(B) (VNNI:
+    // a dword of each row a column group)
+    const auto tile = torch::empty({rows, kc}, torch::dtype<B>());
+    const auto c = torch::empty({kBrgemmRows, kVnniCols}, torch::dtype<C>());  // one call's C
+    for (int64_t t = t0; t < t1; ++t) {
+      const int64_t n0 = t * rows, n1 = std::min(N, n0 + rows);
+      decode(n0, n1, tile.template data_ptr<B>());
+      for (int64_t mx = 0; mx < M; mx += xb)
+        for (int64_t n = n0; n < n1; n += kVnniCols)
+          for (int64_t m0 = mx; m0 < std::min(M, mx + xb); m0 += kBrgemmRows) {
+            const int64_t mt = std::min(kBrgemmRows, M - m0);
+            at::native::cpublas::brgemm(mt, kVnniCols, kc, kc, kVnniCols, kVnniCols, false, a + m0 * kc,
+                                        tile.template data_ptr<B>() + (n - n0) * kc, c.template data_ptr<C>(), true);
+            store(c.template data_ptr<C>(), mt, m0, n, std::min(kVnniCols, N - n));
+          }
+    }
+    at::native::cpublas::brgemm_release(true);
+  });
+}
+#endif
 
 torch::Tensor gemm_cpu(const torch::Tensor& x,                  // [M, K] fp32 / bf16 / fp16
                        const torch::Tensor& packed_in,          // [N, ldp] uint8, ldp >= ceil(K/4)
@@ -272,40 +319,18 @@ torch::Tensor gemm_cpu(const torch::Tensor& x,                  // [M, K] fp32 /
   if (tile_kernel == "brgemm") {
     const auto xin = padded_x(x, kc, at::kBFloat16);  // [M, kc]: the brgemm's A (lda kc)
     const VnniPlan vplan = make_vnni_plan(K, kc, block_size, k_offset);
-    const auto* xa = xin.data_ptr<at::BFloat16>();
     auto* yb = reinterpret_cast<uint16_t*>(y.data_ptr<at::BFloat16>());
-    const int64_t threads = at::get_num_threads();
-    const int64_t fit = std::max<int64_t>(kVnniCols, kBrgemmTileBytes / (kc * 2) / kVnniCols * kVnniCols);
-    const int64_t rows = balanced_tile_rows(N, fit, threads, kVnniCols);
-    const int64_t tiles = (N + rows - 1) / rows;
     // y past the caches is written with streaming stores (rows of y are N apart: a call's 128
     // short rows evict each other from L1; Qwen3-0.6B gate_up M 2048: 24.5 vs 28.5 ms)
     const bool stream = M * N * 2 >= kStreamYBytes;
-    at::parallel_for(0, tiles, 1, [&](int64_t t0, int64_t t1) {
-      const at::AutoDispatchBelowADInplaceOrView below_autograd;  // worker threads: fresh dispatch state
-      const auto tile = torch::empty({rows, kc}, x.options());  // [rows / kVnniCols, kc / 2, kVnniCols, 2]
-      const auto c = torch::empty({kBrgemmRows, kVnniCols}, x.options().dtype(at::kFloat));  // one call's C
-      auto* tb = reinterpret_cast<uint16_t*>(tile.data_ptr<at::BFloat16>());
-      for (int64_t t = t0; t < t1; ++t) {
-        const int64_t n0 = t * rows, n1 = std::min(N, n0 + rows);
-        vnni_rows_bf16(p, vplan, kc, n0, n1, tb);
-        // x in blocks of kBrgemmXBlockBytes (L2, beside the tile); in each, a group of the tile (one
-        // B matrix, L1 / L2) runs over the block's x rows kBrgemmRows a call. The first version
-        // ran each 64-row x block over all the groups instead: up to 1.5x slower at M 128-512 in
-        // a probe (Qwen3-0.6B gate_up, 1 thread).
-        const int64_t xb = std::max<int64_t>(kBrgemmRows, kBrgemmXBlockBytes / (kc * 2) / kBrgemmRows * kBrgemmRows);
-        for (int64_t mx = 0; mx < M; mx += xb)
-          for (int64_t n = n0; n < n1; n += kVnniCols)
-            for (int64_t m0 = mx; m0 < std::min(M, mx + xb); m0 += kBrgemmRows) {
-              const int64_t mt = std::min(kBrgemmRows, M - m0);
-              at::native::cpublas::brgemm(mt, kVnniCols, kc, kc, kVnniCols, kVnniCols, false, xa + m0 * kc,
-                                          tile.data_ptr<at::BFloat16>() + (n - n0) * kc, c.data_ptr<float>(), true);
-              store_rows_bf16(c.data_ptr<float>(), kVnniCols, mt, std::min(kVnniCols, N - n),
-                              bias ? bias_f.data_ptr<float>() + n : nullptr, yb + m0 * N + n, N, stream);
-            }
-      }
-      at::native::cpublas::brgemm_release(true);
-    });
+    brgemm_tiles<at::BFloat16, float>(
+        M, N, kc, xin.data_ptr<at::BFloat16>(), kBrgemmTileBytes, kBrgemmXBlockBytes,
+        [&](int64_t n0, int64_t n1, at::BFloat16* tile) {
+          vnni_rows_bf16(p, vplan, kc, n0, n1, reinterpret_cast<uint16_t*>(tile));
+        },
+        [&](const float* c, int64_t mt, int64_t m0, int64_t n, int64_t cols) {
+          store_rows_bf16(c, kVnniCols, mt, cols, p.bias ? p.bias + n : nullptr, yb + m0 * N + n, N, stream);
+        });
     return y;
   }
 
@@ -418,13 +443,7 @@ int64_t w8_small_m_max() {
 // TERNARY_CPU_W2A8_KERNEL=auto|exact|amx (read once per process) forces one; amx where the CPU
 // cannot run it is an error that says so.
 std::string w2a8_kernel(int64_t M) {
-  static const std::string req = [] {
-    const char* e = std::getenv("TERNARY_CPU_W2A8_KERNEL");
-    const std::string r(e && *e ? e : "auto");
-    TORCH_CHECK(r == "auto" || r == "exact" || r == "amx", "TERNARY_CPU_W2A8_KERNEL=", r,
-                ": must be auto, exact or amx");
-    return r;
-  }();
+  static const std::string req = env_choice("TERNARY_CPU_W2A8_KERNEL", {"auto", "exact", "amx"});
   const std::string isa = w2a8_isa();
   static const bool amx = isa == "avx512_vnni" && cpu_amx_int8_supported() && at::cpu::init_amx();
   if (isa.empty() || req == "exact") return isa;
@@ -546,8 +565,8 @@ torch::Tensor gemm_w2a8_cpu(const torch::Tensor& x,                   // [M, K] 
     // the u8 side xq + 128 and 128 * sum(w) subtracted. The mode's exact per-block weighing
     // (the other kernels) pays a convert-and-scale per 128 columns, which on AMX tiles cost as
     // much as the dots (docs/kernel.md, CPU, W2A8 on AMX); the fold's error, against the exact
-    // mode's and the activations' own, is measured there too. Tiles, x blocks and brgemm calls
-    // as the bf16 brgemm tile kernel's (gemm_cpu).
+    // mode's and the activations' own, is measured there too. Tiles, x blocks and brgemm calls:
+    // brgemm_tiles, as the bf16 brgemm tile kernel's (gemm_cpu).
     const int64_t kc = (K + kChunk - 1) / kChunk * kChunk;
     const auto xa = torch::empty({M, kc}, x.options().dtype(at::kByte));  // [M, kc] u8: the brgemm's A
     const auto sx = torch::empty({M}, x.options().dtype(at::kFloat));     // [M] fp32
@@ -557,37 +576,21 @@ torch::Tensor gemm_w2a8_cpu(const torch::Tensor& x,                   // [M, K] 
                       row_bytes, reinterpret_cast<const uint16_t*>(scale.data_ptr<at::Half>()), scale.size(1),
                       nullptr, nullptr, nullptr, 0, 0, sx.data_ptr<float>(), bias ? bias_f.data_ptr<float>() : nullptr};
     const VnniPlan vplan = make_vnni_plan(K, kc, block_size, k_offset);
-    const int64_t threads = at::get_num_threads();
-    const int64_t fit = std::max<int64_t>(kVnniCols, kW8AmxTileBytes / kc / kVnniCols * kVnniCols);
-    const int64_t rows = balanced_tile_rows(N, fit, threads, kVnniCols);
-    const int64_t tiles = (N + rows - 1) / rows;
+    // every W row's folded scale and correction, written by the thread that decodes the row
+    const auto comp = torch::empty({N}, x.options().dtype(at::kInt));  // [N] int32
+    const auto ws = torch::empty({N}, x.options().dtype(at::kFloat));  // [N] fp32
+    int32_t* cp = comp.data_ptr<int32_t>();
+    float* wp = ws.data_ptr<float>();
     const bool stream = M * N * x.element_size() >= kStreamYBytes;
-    const auto* xp = xa.data_ptr<uint8_t>();
     char* yp = static_cast<char*>(y.data_ptr());
     const int64_t esz = y.element_size();
-    at::parallel_for(0, tiles, 1, [&](int64_t t0, int64_t t1) {
-      const at::AutoDispatchBelowADInplaceOrView below_autograd;  // worker threads: fresh dispatch state
-      const auto tile = torch::empty({rows, kc}, x.options().dtype(at::kChar));  // [rows / kVnniCols, kc / 4, kVnniCols, 4]
-      const auto comp = torch::empty({rows}, x.options().dtype(at::kInt));
-      const auto ws = torch::empty({rows}, x.options().dtype(at::kFloat));
-      const auto c = torch::empty({kBrgemmRows, kVnniCols}, x.options().dtype(at::kInt));  // one call's C
-      for (int64_t t = t0; t < t1; ++t) {
-        const int64_t n0 = t * rows, n1 = std::min(N, n0 + rows);
-        vnni_rows_s8(p, vplan, kc, n0, n1, tile.data_ptr<int8_t>(), comp.data_ptr<int32_t>(), ws.data_ptr<float>());
-        const int64_t xb = std::max<int64_t>(kBrgemmRows, kW8AmxXBlockBytes / kc / kBrgemmRows * kBrgemmRows);
-        for (int64_t mx = 0; mx < M; mx += xb)
-          for (int64_t n = n0; n < n1; n += kVnniCols)
-            for (int64_t m0 = mx; m0 < std::min(M, mx + xb); m0 += kBrgemmRows) {
-              const int64_t mt = std::min(kBrgemmRows, M - m0);
-              at::native::cpublas::brgemm(mt, kVnniCols, kc, kc, kVnniCols, kVnniCols, false, xp + m0 * kc,
-                                          tile.data_ptr<int8_t>() + (n - n0) * kc, c.data_ptr<int32_t>(), true);
-              store_rows_w8(c.data_ptr<int32_t>(), kVnniCols, mt, std::min(kVnniCols, N - n), sx.data_ptr<float>() + m0,
-                            comp.data_ptr<int32_t>() + (n - n0), ws.data_ptr<float>() + (n - n0),
-                            bias ? bias_f.data_ptr<float>() + n : nullptr, yp + (m0 * N + n) * esz, N, y_kind, stream);
-            }
-      }
-      at::native::cpublas::brgemm_release(true);
-    });
+    brgemm_tiles<int8_t, int32_t>(
+        M, N, kc, xa.data_ptr<uint8_t>(), kW8AmxTileBytes, kW8AmxXBlockBytes,
+        [&](int64_t n0, int64_t n1, int8_t* tile) { vnni_rows_s8(p, vplan, kc, n0, n1, tile, cp + n0, wp + n0); },
+        [&](const int32_t* c, int64_t mt, int64_t m0, int64_t n, int64_t cols) {
+          store_rows_w8(c, kVnniCols, mt, cols, p.sx + m0, cp + n, wp + n, p.bias ? p.bias + n : nullptr,
+                        yp + (m0 * N + n) * esz, N, y_kind, stream);
+        });
     return y;
   }
 
