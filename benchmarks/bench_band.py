@@ -17,7 +17,8 @@ back-to-back calls, inputs rotated past 2x L2, median of --replays replays):
   layer; elsewhere the heuristic's time again);
 - ours_w2a8_us: this repository's s8 wgmma kernel (torch.ops.ternary_serve.gemm_w2a8_path, auto
   tiling; activation quantization included), and with --s8-sweep its time at each k_split
-  (`s8_split_us`) where M <= 1024;
+  (`s8_split_us`) where M <= 1024; ours_w2a8_folded_us: the same kernel with each row's block
+  scales folded into its int8 weights (fold=True: activations.reference_linear_w2a8_folded);
 - humming_gemv_us: this repository's small-M kernel over Humming's tensors (torch.ops.ternary_serve.humming_gemv,
   M <= 16; band HG where the op takes it);
 - ternary_w2a8_us: the plugin's int8-activation mode (dispatch.plan_layout / plan_w2a8: our s8 kernel
@@ -49,7 +50,8 @@ MODELS = {
 }
 MS = [1, 4, 16, 32, 64, 128, 256, 512, 1024, 4096, 16384]
 KEYS = ("ternary_us", "ours_us", "both_us", "cublas_bf16_us", "humming_w2a16_us", "humming_w2a8_us",
-        "humming_w2a16_tiles_us", "humming_w2a8_tiles_us", "ours_w2a8_us", "ternary_w2a8_us", "humming_gemv_us")
+        "humming_w2a16_tiles_us", "humming_w2a8_tiles_us", "ours_w2a8_us", "ours_w2a8_folded_us", "ternary_w2a8_us",
+        "humming_gemv_us")
 
 
 def _rel(y: torch.Tensor, ref: torch.Tensor) -> float:
@@ -112,9 +114,17 @@ def bench_layer(model, layer, k, n, m, l2, replays, humming_ok, s8_sweep=False):
                                                          for i in range(copies_t)], replays)
             del layers
     dev = dispatch.device_of(0)
-    row["ours_w2a8_us"] = None
+    row["ours_w2a8_us"] = row["ours_w2a8_folded_us"] = None
     if dev.hopper and hasattr(torch.ops.ternary_serve, "gemm_w2a8_path"):
-        from ternary_plugin.activations import reference_linear_w2a8
+        from ternary_plugin.activations import reference_linear_w2a8, reference_linear_w2a8_folded
+
+        y8 = torch.ops.ternary_serve.gemm_w2a8_path(xs[0], packs[0], scales[0], None, 128, 0, fold=True)
+        errors["ours_w2a8_folded"] = _rel(y8, ref)
+        errors["ours_w2a8_folded_vs_formula"] = _rel(
+            y8, reference_linear_w2a8_folded(xs[0], packs[0], scales[0], None, 128).double())
+        if errors["ours_w2a8_folded"] < 3e-2 and errors["ours_w2a8_folded_vs_formula"] < 1e-2:
+            row["ours_w2a8_folded_us"] = time_graph([lambda i=i: torch.ops.ternary_serve.gemm_w2a8_path(
+                xs[i % len(xs)], packs[i], scales[i], None, 128, 0, fold=True) for i in range(copies_t)], replays)
 
         y8 = torch.ops.ternary_serve.gemm_w2a8_path(xs[0], packs[0], scales[0], None, 128, 0)
         errors["ours_w2a8"] = _rel(y8, ref)
@@ -186,7 +196,10 @@ def derive_w2a8(row: dict, dev, humming_ok: bool) -> None:
                                       activation_dtype="int8", humming_tiles=row.get("tiles", {}).get("w2a8", False))
     pick8 = dispatch.plan_w2a8(dispatch.Call(m, n, k), dev, layout8).backend
     row["w2a8_layout"], row["w2a8_backend"] = layout8, pick8
-    row["ternary_w2a8_us"] = {"humming": _humming(row, "w2a8"), "ternary": row.get("ours_w2a8_us")}.get(pick8)
+    # the s8 kernel as TERNARY_W2A8_FOLD runs it (results from before the folded kernel: the exact one)
+    folded = row.get("ours_w2a8_folded_us")
+    ours = folded if dispatch.limits()["TERNARY_W2A8_FOLD"] and folded is not None else row.get("ours_w2a8_us")
+    row["ternary_w2a8_us"] = {"humming": _humming(row, "w2a8"), "ternary": ours}.get(pick8)
 
 
 def derive(path: Path) -> None:
@@ -255,20 +268,22 @@ def markdown(result: dict) -> str:
              "layout, `both layouts` the plugin with TERNARY_GPU_BACKEND=both (twice the packed bytes on the "
              "layers that take it; per M the kernel of band H2, its time the timed one of that kernel):", "",
              "| model | M | op | ours | op, both layouts | Humming w2a16 | ours on Humming's layout | op W2A8 | "
-             "ours W2A8 | Humming w2a8 | Humming w2a8, measured tiles | op us | op W2A8 us | cuBLAS us |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "ours W2A8 | ours W2A8, folded scales | Humming w2a8 | Humming w2a8, measured tiles | op us | op W2A8 us "
+             "| cuBLAS us |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for e in result["per_layer"]:
         lines.append(f"| {e['model']} | {e['M']} | {_x(e['speedup_ternary'])} | {_x(e['speedup_ours'])} | "
                      f"{_x(e['speedup_both'])} | "
                      f"{_x(e['speedup_humming_w2a16'])} | {_x(e.get('speedup_humming_gemv'))} | "
                      f"{_x(e['speedup_ternary_w2a8'])} | "
-                     f"{_x(e.get('speedup_ours_w2a8'))} | "
+                     f"{_x(e.get('speedup_ours_w2a8'))} | {_x(e.get('speedup_ours_w2a8_folded'))} | "
                      f"{_x(e['speedup_humming_w2a8'])} | {_x(e.get('speedup_humming_w2a8_tiles'))} | "
                      f"{e['ternary_us']} | {e['ternary_w2a8_us'] or '-'} | {e['cublas_bf16_us']} |")
     lines += ["", "Per layer (us):", "",
               "| model | layer | M | K | N | op | backend | ours | cuBLAS bf16 | Humming w2a16 | ours on Humming's layout | "
-              "Humming w2a8 | Humming w2a8, measured tiles | op W2A8 | ours w2a8 (by k_split) | rel. err. |",
-              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+              "Humming w2a8 | Humming w2a8, measured tiles | op W2A8 | ours w2a8 (by k_split) | ours w2a8 folded | "
+              "rel. err. |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in result["rows"]:
         errs = ", ".join(f"{k} {v:.1e}" for k, v in r["rel_err"].items())
         sweep = r.get("s8_split_us")
@@ -279,7 +294,8 @@ def markdown(result: dict) -> str:
                      f"{r.get('humming_gemv_us') or '-'} | "
                      f"{r['humming_w2a8_us'] or '-'} | "
                      f"{r.get('humming_w2a8_tiles_us') if r.get('tiles', {}).get('w2a8') else '-'} | "
-                     f"{r['ternary_w2a8_us'] or '-'} ({r.get('w2a8_backend', '-')}) | {s8} | {errs} |")
+                     f"{r['ternary_w2a8_us'] or '-'} ({r.get('w2a8_backend', '-')}) | {s8} | "
+                     f"{r.get('ours_w2a8_folded_us') or '-'} | {errs} |")
     return "\n".join(lines) + "\n"
 
 

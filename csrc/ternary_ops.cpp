@@ -195,12 +195,13 @@ torch::Tensor gemm_path(const torch::Tensor& x,       // [M, K] bf16/fp16
 // torch.ops.ternary_serve.gemm_w2a8_path: the int8-activation mode on the s8 wgmma kernel
 // (csrc/ternary_wgmma_s8.cu). x is quantized per token inside the op into a transient int8 copy
 // [M, round_up(K, 128)] (K permuted per 128-block as the kernel reads it) from the caching
-// allocator; the plan (Humming's int8 layer or this) is ternary_plugin/dispatch.py's.
+// allocator; the plan (Humming's int8 layer or this) is ternary_plugin/dispatch.py's. fold: the
+// kernel folds each row's block scales into its int8 weights (reference_linear_w2a8_folded).
 torch::Tensor gemm_w2a8_path(const torch::Tensor& x,       // [M, K] bf16/fp16
                              const torch::Tensor& packed,  // [N, ldp] uint8, ldp % 16 == 0
                              const torch::Tensor& scale,   // [N, lds] fp16
                              const std::optional<torch::Tensor>& bias,  // [N] x.dtype
-                             int64_t block_size, int64_t k_offset, int64_t k_split) {
+                             int64_t block_size, int64_t k_offset, int64_t k_split, bool fold) {
 #define CHECK_W2A8(cond, ...) TERNARY_CHECK_ARG("ternary_serve::gemm_w2a8_path: ", cond, __VA_ARGS__)
   CHECK_W2A8(x.is_cuda() && packed.is_cuda() && scale.is_cuda(), "x, packed and scale must be CUDA tensors");
   CHECK_W2A8(x.device() == packed.device() && x.device() == scale.device(), "x, packed, scale on different devices");
@@ -253,7 +254,7 @@ torch::Tensor gemm_w2a8_path(const torch::Tensor& x,       // [M, K] bf16/fp16
                                             packed.data_ptr<uint8_t>(),
                                             reinterpret_cast<const __half*>(scale.data_ptr<at::Half>()),
                                             bias ? b.data_ptr() : nullptr, y.data_ptr(), M, N, Kp, ldp, lds,
-                                            block_size, k_offset, k_split, stream),
+                                            block_size, k_offset, k_split, fold, stream),
                    "ternary_wgmma_s8_kernel launch", M, N, K);
   return y;
 #undef CHECK_W2A8

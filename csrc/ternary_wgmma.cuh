@@ -10,6 +10,8 @@
 #include <cuda_runtime.h>
 #include <stdint.h>
 
+#include <type_traits>
+
 namespace ternary {
 namespace wg {
 
@@ -92,22 +94,24 @@ __device__ __forceinline__ void fence_accumulators(int32_t (&acc)[R]) {
 // every CTA of the cluster has passed the first barrier: copies landed and wgmma done), as
 // [sender][ch / 4][thread] float4 so a warp's stores are 512 contiguous bytes; then each adds the
 // partials of its share in rank order (the same order on every run: deterministic).
-template <int BM, int STAGES, int SPLITS, int ROW = 128>
-__device__ __forceinline__ void split_k_reduce(float (&acc)[BM / 2], float* red, int rank, int tid) {
+// Acc: float (fp32 partial sums) or int32_t (the s8 kernel's folded-scale dots, added exactly).
+template <int BM, int STAGES, int SPLITS, int ROW = 128, typename Acc>
+__device__ __forceinline__ void split_k_reduce(Acc (&acc)[BM / 2], Acc* red, int rank, int tid) {
   static_assert(STAGES * BM * ROW >= BM * 512, "the receive buffer fits in the activation stages");
+  using V4 = std::conditional_t<std::is_same_v<Acc, float>, float4, int4>;
   namespace cg = cooperative_groups;
   cg::cluster_group cluster = cg::this_cluster();
   constexpr int ch = BM / 2 / SPLITS;
-  float* mine = red + 4 * tid;  // + 4 kMmaThreads (sender ch / 4 + v): float4 v of the sender's share
+  Acc* mine = red + 4 * tid;  // + 4 kMmaThreads (sender ch / 4 + v): 4-vector v of the sender's share
   cluster_barrier<false>();  // every CTA's stages are read (copies landed, wgmma done): free to receive
 #pragma unroll
   for (int q = 0; q < SPLITS; ++q) {
     if (q == rank) continue;
-    float* dst = cluster.map_shared_rank(mine, q) + 4 * kMmaThreads * (rank * (ch / 4));
+    Acc* dst = cluster.map_shared_rank(mine, q) + 4 * kMmaThreads * (rank * (ch / 4));
 #pragma unroll
     for (int v = 0; v < ch / 4; ++v) {
       const int i = q * ch + 4 * v;
-      *reinterpret_cast<float4*>(dst + 4 * kMmaThreads * v) = make_float4(acc[i], acc[i + 1], acc[i + 2], acc[i + 3]);
+      *reinterpret_cast<V4*>(dst + 4 * kMmaThreads * v) = V4{acc[i], acc[i + 1], acc[i + 2], acc[i + 3]};
     }
   }
   cluster_barrier<true>();  // every share has arrived
@@ -117,11 +121,11 @@ __device__ __forceinline__ void split_k_reduce(float (&acc)[BM / 2], float* red,
 #pragma unroll
     for (int v = 0; v < ch / 4; ++v) {
       const int i = r * ch + 4 * v;
-      float4 s = make_float4(0.f, 0.f, 0.f, 0.f);
+      V4 s{0, 0, 0, 0};
 #pragma unroll
       for (int q = 0; q < SPLITS; ++q) {
-        const float4 p = q == r ? make_float4(acc[i], acc[i + 1], acc[i + 2], acc[i + 3])
-                                : *reinterpret_cast<const float4*>(mine + 4 * kMmaThreads * (q * (ch / 4) + v));
+        const V4 p = q == r ? V4{acc[i], acc[i + 1], acc[i + 2], acc[i + 3]}
+                            : *reinterpret_cast<const V4*>(mine + 4 * kMmaThreads * (q * (ch / 4) + v));
         s.x += p.x, s.y += p.y, s.z += p.z, s.w += p.w;
       }
       acc[i] = s.x, acc[i + 1] = s.y, acc[i + 2] = s.z, acc[i + 3] = s.w;

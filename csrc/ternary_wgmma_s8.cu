@@ -38,6 +38,7 @@
 #include <stdint.h>
 
 #include <algorithm>
+#include <type_traits>
 
 #include "ternary_common.cuh"
 #include "ternary_mma.cuh"
@@ -64,10 +65,11 @@ struct S8Shape {
   static constexpr int kScaleBytes = kBN * kS8MaxScaleCols * 2;  // one tile's scales, [block][row]
   static constexpr int kOutLd = kBN + 8;  // output staging row ([token][W row]), padded
   // [activation stages (1024-byte aligned) | code stages | scales of two tiles | output tile |
-  // mbarriers full, empty]
+  // ws of two tiles (folded scales) | mbarriers full, empty]
   static constexpr int kCOff = STAGES * kXBytes, kSOff = kCOff + STAGES * kCBytes;
   static constexpr int kOutOff = kSOff + 2 * kScaleBytes;
-  static constexpr int kBarOff = kOutOff + BM * kOutLd * 2;
+  static constexpr int kWsOff = kOutOff + BM * kOutLd * 2;
+  static constexpr int kBarOff = kWsOff + 2 * kBN * 4;
   static constexpr int kSmemBytes = kBarOff + 2 * STAGES * 8 + 1024;  // + alignment
   static_assert(kSmemBytes <= 227 * 1024, "shared memory of one CTA");
 };
@@ -101,14 +103,20 @@ __device__ __forceinline__ void wgmma_s8(int32_t (&d)[BM / 2], const uint32_t (&
 #undef TERNARY_WGMMA_S8_N64
 #undef TERNARY_WGMMA_S8_N128
 
-// Byte i of the result: code field R (bits 2R, 2R + 1) of byte i of w as an int8 weight: 00 -> 0,
-// 01 -> +1, 10 -> -1 (0xFF). The -1 bit of every byte moves to bit 7 and prmt's sign mode (selector
-// nibbles 8-11) spreads it over its byte; the +1 bit moves to bit 0. The reserved 11 gives -1.
-template <int R>
-__device__ __forceinline__ uint32_t spread_codes(uint32_t w) {
-  uint32_t sign;
-  asm("prmt.b32 %0, %1, 0, 0xBA98;\n" : "=r"(sign) : "r"(w << (6 - 2 * R)));
-  return sign | ((w >> (2 * R)) & 0x01010101u);
+// Four int8 weights from the 2-bit codes at bits 4i, 4i + 1 (i < 4) of `sel`, by one prmt over a
+// row's table {0, +w, -w, -w} (bytes 0-3 of `table`; code 00 -> 0, 01 -> +w, 10 -> -w, the reserved
+// 11 -> -w): w = 1 where the block sums are promoted with exact scales, the row's folded int8
+// block scale (fold_table) where they are not. Selector nibbles 0-3 pick bytes 0-3; bits 2-3 of
+// every nibble are 0 (sel & 0x3333), so no byte of the other operand and no sign mode.
+__device__ __forceinline__ uint32_t table_codes(uint32_t table, uint32_t sel) {
+  uint32_t r;
+  asm("prmt.b32 %0, %1, 0, %2;\n" : "=r"(r) : "r"(table), "r"(sel & 0x3333u));
+  return r;
+}
+constexpr uint32_t kUnitTable = 0xFFFF0100u;  // {0, +1, -1, -1}
+__device__ __forceinline__ uint32_t fold_table(int q) {
+  const uint32_t p = (uint32_t)q & 0xffu, n = (uint32_t)(-q) & 0xffu;
+  return (p << 8) | (n << 16) | (n << 24);
 }
 
 // An int32 block sum (|v| <= 127 x 128 < 2^22) as fp32, exactly, without the conversion unit
@@ -119,22 +127,28 @@ __device__ __forceinline__ float block_sum_to_float(int32_t v) {
   return __int_as_float(v + 0x4B400000) - 12582912.f;
 }
 
-// One k-step's A fragments of a thread (4 k32 wgmma x 4 registers): rows r0 (c0) and r0 + 8 (c1),
-// code words 2t (.x) and 2t + 1 (.y) of the row's 32 bytes: natural weights 32t + 16u + 4i + R of
-// word u, field R, byte i. Register a[R][2u] (a[R][2u + 1] for r0 + 8) byte i sits at wgmma
-// position 32R + 16u + 4t + i: the activations' permutation (kPermute) puts the matching x there.
-__device__ __forceinline__ void decode_s8(uint32_t (&a)[4][4], uint2 c0, uint2 c1) {
-  a[0][0] = spread_codes<0>(c0.x), a[1][0] = spread_codes<1>(c0.x), a[2][0] = spread_codes<2>(c0.x), a[3][0] = spread_codes<3>(c0.x);
-  a[0][2] = spread_codes<0>(c0.y), a[1][2] = spread_codes<1>(c0.y), a[2][2] = spread_codes<2>(c0.y), a[3][2] = spread_codes<3>(c0.y);
-  a[0][1] = spread_codes<0>(c1.x), a[1][1] = spread_codes<1>(c1.x), a[2][1] = spread_codes<2>(c1.x), a[3][1] = spread_codes<3>(c1.x);
-  a[0][3] = spread_codes<0>(c1.y), a[1][3] = spread_codes<1>(c1.y), a[2][3] = spread_codes<2>(c1.y), a[3][3] = spread_codes<3>(c1.y);
+// One k-step's A fragments of a thread (4 k32 wgmma x 4 registers): rows r0 (codes c0, table t0)
+// and r0 + 8 (c1, t1), code words 2t (.x) and 2t + 1 (.y) of the row's 32 bytes. Word u's 16
+// codes (code j at bits 2j: natural weight 32t + 16u + j) give four registers: wgmma q takes codes
+// 2i + (q & 1) + 8 (q >> 1), i < 4, as its bytes i (the word shifted by 2 (q & 1) + 16 (q >> 1),
+// then the selector's nibbles hold every other code). Register a[q][2u] (a[q][2u + 1] for
+// r0 + 8) byte i sits at wgmma position 32q + 16u + 4t + i: the activations' permutation
+// (permuted_column) puts the matching x there. 11 instructions a 16 weights.
+__device__ __forceinline__ void decode_s8(uint32_t (&a)[4][4], uint2 c0, uint2 c1, uint32_t t0, uint32_t t1) {
+#pragma unroll
+  for (int q = 0; q < 4; ++q) {
+    const int sh = 2 * (q & 1) + 16 * (q >> 1);
+    a[q][0] = table_codes(t0, c0.x >> sh), a[q][2] = table_codes(t0, c0.y >> sh);
+    a[q][1] = table_codes(t1, c1.x >> sh), a[q][3] = table_codes(t1, c1.y >> sh);
+  }
 }
 #endif
 
 // Position p = 32a + 16u + 4b + c (a, b, c < 4, u < 2) of a 128-block of the quantized activations
-// holds natural column 32b + 16u + 4c + a of that block (decode_s8's order).
+// holds natural column 32b + 16u + 8 (a >> 1) + 2c + (a & 1) of that block (decode_s8's order).
+// Positions 4g .. 4g + 3 hold columns permuted_column(4g) + 0, 2, 4, 6.
 __host__ __device__ constexpr int permuted_column(int p) {
-  return 32 * ((p >> 2) & 3) + (p & 16) + 4 * (p & 3) + (p >> 5);
+  return 32 * ((p >> 2) & 3) + (p & 16) + 8 * ((p >> 6) & 1) + 2 * (p & 3) + ((p >> 5) & 1);
 }
 
 // The token's scale from each thread's partial absmax (a CTA of at most 256 threads, every thread
@@ -173,9 +187,9 @@ __global__ void __launch_bounds__(256) quantize_s8_kernel(const T* __restrict__ 
   if constexpr (PERMUTE) {
     for (int g = threadIdx.x; g < ldq / 4; g += blockDim.x) {  // 4 output bytes, positions 4g .. 4g + 3
       const int p = 4 * g, base = p & ~127, c0 = base + permuted_column(p & 127);
-      // positions p .. p + 3 differ in c: natural columns c0, c0 + 4, c0 + 8, c0 + 12
-      const uint32_t v = (uint32_t)(q(c0) & 0xff) | ((uint32_t)(q(c0 + 4) & 0xff) << 8) |
-                         ((uint32_t)(q(c0 + 8) & 0xff) << 16) | ((uint32_t)(q(c0 + 12) & 0xff) << 24);
+      // positions p .. p + 3 differ in c: natural columns c0, c0 + 2, c0 + 4, c0 + 6
+      const uint32_t v = (uint32_t)(q(c0) & 0xff) | ((uint32_t)(q(c0 + 2) & 0xff) << 8) |
+                         ((uint32_t)(q(c0 + 4) & 0xff) << 16) | ((uint32_t)(q(c0 + 6) & 0xff) << 24);
       *reinterpret_cast<uint32_t*>(out + p) = v;
     }
   } else {
@@ -226,7 +240,7 @@ __global__ void __launch_bounds__(kQuantThreads) quantize_s8_vec_kernel(const T*
   }
 }
 
-template <typename T, int STAGES, int BM, bool SPLIT>
+template <typename T, int STAGES, int BM, bool SPLIT, bool FOLD>
 __global__ void __launch_bounds__(kThreads, 1)
 ternary_wgmma_s8_kernel(const __grid_constant__ CUtensorMap x_map,     // xq [M, Kp] int8: boxes 128 x BM, 128-byte swizzle
                         const __grid_constant__ CUtensorMap code_map,  // packed [N, ldp]: boxes 32 B x 128 rows
@@ -322,12 +336,31 @@ ternary_wgmma_s8_kernel(const __grid_constant__ CUtensorMap x_map,     // xq [M,
       store_scales(c0, v, ssc);
     }
   };
+  // FOLD: the staged scales of row srow become its folded int8 block scales in place, and
+  // ws[srow] = S / 127 (activations.fold_block_scales, bit for bit: S = max |s_b| over the row's
+  // blocks, q_b = rint((s_b / S) x 127), 0 where S is 0). Thread pair (2 srow, 2 srow + 1) staged
+  // the row's blocks between them (tid % 2 + 2i), so their maximum is one shuffle.
+  float* ws_smem = reinterpret_cast<float*>(smem + S::kWsOff);
+  auto fold_scales = [&](unsigned short* ssc, float* ws) {
+    if constexpr (FOLD) {
+      __syncwarp();
+      float smax = 0.f;
+      for (int c = tid % 2; c < cols; c += 2) smax = fmaxf(smax, fabsf(scale_from_bits(ssc[c * kBN + srow])));
+      smax = fmaxf(smax, __shfl_xor_sync(0xffffffffu, smax, 1));
+      for (int c = tid % 2; c < cols; c += 2) {
+        const float q = smax > 0.f ? rintf(__fmul_rn(__fdiv_rn(scale_from_bits(ssc[c * kBN + srow]), smax), 127.f)) : 0.f;
+        ssc[c * kBN + srow] = (unsigned short)(short)q;
+      }
+      if (tid % 2 == 0) ws[srow] = __fdiv_rn(smax, 127.f);
+    }
+  };
   {
     unsigned short v[16];
     const int n0 = (first_tile % tiles_n) * kBN;
     load_scales(n0, tid % 2, v);
     store_scales(tid % 2, v, scale_buffer(0));
     rest_of_scales(n0, scale_buffer(0));
+    fold_scales(scale_buffer(0), ws_smem);
   }
   mma_sync();
 
@@ -338,7 +371,8 @@ ternary_wgmma_s8_kernel(const __grid_constant__ CUtensorMap x_map,     // xq [M,
     // k-step kt's scale column (relative to col0): local column 128 kt is global k_offset + 128 kt
     auto scale_col = [&](int kt) { return (k_offset + (kt0 + kt) * kBK) / block_size - col0; };
 
-    // Waits for k-step kt's stage, decodes its codes and reads its two rows' scales (raw bits).
+    // Waits for k-step kt's stage and decodes its codes: with the unit table (exact scales: the
+    // two rows' scales of the k-step to sc, raw bits) or the rows' folded block scales.
     auto decode = [&](uint32_t (&a)[4][4], unsigned short (&sc)[2], int kt) {
       const int g = it + kt;
       const int c = scale_col(kt);
@@ -347,44 +381,66 @@ ternary_wgmma_s8_kernel(const __grid_constant__ CUtensorMap x_map,     // xq [M,
       const uint8_t* codes = smem + S::kCOff + (g % STAGES) * S::kCBytes;
       const uint2 c0 = *reinterpret_cast<const uint2*>(codes + r0 * kCodeRow + 8 * t);
       const uint2 c1 = *reinterpret_cast<const uint2*>(codes + (r0 + 8) * kCodeRow + 8 * t);
-      decode_s8(a, c0, c1);
+      if constexpr (FOLD) decode_s8(a, c0, c1, fold_table((short)sc[0]), fold_table((short)sc[1]));
+      else decode_s8(a, c0, c1, kUnitTable, kUnitTable);
     };
-    float acc[BM / 2];
-    int32_t blk[BM / 2];
+    // FOLD: int32 dots over all of the CTA's K (the block scales are in the codes' values);
+    // else: fp32 sums of the promoted block sums blk.
+    using Acc = std::conditional_t<FOLD, int32_t, float>;
+    Acc acc[BM / 2];
+    int32_t blk[FOLD ? 1 : BM / 2];
 #pragma unroll
-    for (int i = 0; i < BM / 2; ++i) acc[i] = 0.f;
-    // k-step kt: its wgmma (A = a) into blk; while they run, the next k-step's decode (into
+    for (int i = 0; i < BM / 2; ++i) acc[i] = 0;
+    // exact: k-step kt's wgmma (A = a) into blk; while they run, the next k-step's decode (into
     // a_next); then the wait, the stage freed, and the promotion of blk with this k-step's scales.
+    // FOLD: k-step kt's wgmma accumulate into acc; the wait lets them run on while k-step kt - 1's
+    // are awaited (their A registers are a_next's, their stage is freed), then the next decode.
     auto step = [&](const uint32_t (&a)[4][4], const unsigned short (&sc)[2], uint32_t (&a_next)[4][4],
                     unsigned short (&sc_next)[2], int kt) {
       const int g = it + kt;
-      fence_accumulators(blk);
-      wgmma_arrive();
       const uint32_t xb = smem_s + (g % STAGES) * S::kXBytes;
+      if constexpr (FOLD) {
+        wgmma_arrive();
 #pragma unroll
-      for (int q = 0; q < 4; ++q) wgmma_s8<BM>(blk, a[q], sw128_desc(xb + 32 * q), q);
-      wgmma_commit();
-      if (kt + 1 < nk) decode(a_next, sc_next, kt + 1);
-      wgmma_wait<0>();
-      fence_accumulators(blk);
-      if (lane == 0) mbar_arrive(empty_bar + 8 * (g % STAGES));
-      const float s0 = scale_from_bits(sc[0]), s1 = scale_from_bits(sc[1]);
+        for (int q = 0; q < 4; ++q) wgmma_s8<BM>(acc, a[q], sw128_desc(xb + 32 * q), (kt | q) != 0);
+        wgmma_commit();
+        wgmma_wait<1>();
+        if (kt > 0 && lane == 0) mbar_arrive(empty_bar + 8 * ((g - 1) % STAGES));
+        if (kt + 1 < nk) decode(a_next, sc_next, kt + 1);
+      } else {
+        fence_accumulators(blk);
+        wgmma_arrive();
 #pragma unroll
-      for (int i = 0; i < BM / 2; ++i) acc[i] = fmaf(block_sum_to_float(blk[i]), (i & 2) ? s1 : s0, acc[i]);
+        for (int q = 0; q < 4; ++q) wgmma_s8<BM>(blk, a[q], sw128_desc(xb + 32 * q), q);
+        wgmma_commit();
+        if (kt + 1 < nk) decode(a_next, sc_next, kt + 1);
+        wgmma_wait<0>();
+        fence_accumulators(blk);
+        if (lane == 0) mbar_arrive(empty_bar + 8 * (g % STAGES));
+        const float s0 = scale_from_bits(sc[0]), s1 = scale_from_bits(sc[1]);
+#pragma unroll
+        for (int i = 0; i < BM / 2; ++i) acc[i] = fmaf(block_sum_to_float(blk[i]), (i & 2) ? s1 : s0, acc[i]);
+      }
     };
     uint32_t a0[4][4], a1[4][4];
     unsigned short sc0[2], sc1[2];
+    if constexpr (FOLD) fence_accumulators(acc);
     decode(a0, sc0, 0);
     for (int kt = 0; kt < nk; kt += 2) {
       step(a0, sc0, a1, sc1, kt);
       if (kt + 1 >= nk) break;
       step(a1, sc1, a0, sc0, kt + 1);
     }
+    if constexpr (FOLD) {
+      wgmma_wait<0>();
+      fence_accumulators(acc);
+      if (lane == 0) mbar_arrive(empty_bar + 8 * ((it + nk - 1) % STAGES));
+    }
     it += nk;
 
     int t_lo = 0, t_hi = BM;
     if constexpr (SPLIT) {
-      float* red = reinterpret_cast<float*>(smem);
+      Acc* red = reinterpret_cast<Acc*>(smem);
       if (splits == 2) split_k_reduce<BM, STAGES, 2, kRow>(acc, red, rank, tid);
       else if (splits == 4) split_k_reduce<BM, STAGES, 4, kRow>(acc, red, rank, tid);
       else split_k_reduce<BM, STAGES, 8, kRow>(acc, red, rank, tid);
@@ -400,12 +456,19 @@ ternary_wgmma_s8_kernel(const __grid_constant__ CUtensorMap x_map,     // xq [M,
     // W row r0 + 8h), then written a token row at a time.
     T* out = reinterpret_cast<T*>(smem + S::kOutOff);
     using T2 = typename MmaTraits<T>::T2;
-    float bv[2];
+    float bv[2], wv[2];  // the bias and (FOLD) ws of rows r0 + 8h
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int n = n0 + r0 + 8 * h;
       bv[h] = (bias != nullptr && n < N) ? Vec<T>::to_float(bias[n]) : 0.f;
+      wv[h] = FOLD ? ws_smem[(tcount & 1) * kBN + r0 + 8 * h] : 0.f;
     }
+    // exact: acc x sx + bias in one fma; FOLD: ((float(acc) x sx) x ws) + bias, each rounded, as
+    // activations.reference_linear_w2a8_folded
+    auto out_value = [&](Acc v, float sxv, int h) {
+      if constexpr (FOLD) return __fadd_rn(__fmul_rn(__fmul_rn(__int2float_rn(v), sxv), wv[h]), bv[h]);
+      else return fmaf(v, sxv, bv[h]);
+    };
     const int blk_id = lane / 8;
     const uint32_t row_addr = static_cast<uint32_t>(__cvta_generic_to_shared(
         out + (8 * (blk_id / 2) + lane % 8) * S::kOutLd + wg * 64 + warp * 16 + 8 * (blk_id % 2)));
@@ -421,8 +484,8 @@ ternary_wgmma_s8_kernel(const __grid_constant__ CUtensorMap x_map,     // xq [M,
 #pragma unroll
       for (int q = 0; q < 4; ++q) {  // block q: tokens 8 (j + q / 2) .., W rows + 8 (q % 2)
         const int i = 4 * (j + q / 2) + 2 * (q % 2);
-        const T2 v{Vec<T>::from_float(fmaf(acc[i], tx[q / 2][0], bv[q % 2])),
-                   Vec<T>::from_float(fmaf(acc[i + 1], tx[q / 2][1], bv[q % 2]))};
+        const T2 v{Vec<T>::from_float(out_value(acc[i], tx[q / 2][0], q % 2)),
+                   Vec<T>::from_float(out_value(acc[i + 1], tx[q / 2][1], q % 2))};
         r[q] = *reinterpret_cast<const uint32_t*>(&v);
       }
       asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(
@@ -435,16 +498,17 @@ ternary_wgmma_s8_kernel(const __grid_constant__ CUtensorMap x_map,     // xq [M,
     if (next < tiles) {
       store_scales(tid % 2, next_scales, scale_buffer(tcount + 1));
       rest_of_scales(next_n0, scale_buffer(tcount + 1));
+      fold_scales(scale_buffer(tcount + 1), ws_smem + ((tcount + 1) & 1) * kBN);
     }
     mma_sync();  // the next tile's scales stored, this one's output read: both buffers free to reuse
   }
 #endif  // other targets: never launched (the host checks for an sm_90 device)
 }
 
-template <typename T, int STAGES, int BM, bool SPLIT>
+template <typename T, int STAGES, int BM, bool SPLIT, bool FOLD>
 cudaError_t prepare_s8_kernel() {
   static int smem_set[kMaxDevices] = {};
-  return opt_in_shared_memory(ternary_wgmma_s8_kernel<T, STAGES, BM, SPLIT>, S8Shape<STAGES, BM>::kSmemBytes,
+  return opt_in_shared_memory(ternary_wgmma_s8_kernel<T, STAGES, BM, SPLIT, FOLD>, S8Shape<STAGES, BM>::kSmemBytes,
                               smem_set);
 }
 
@@ -456,8 +520,8 @@ int s8_cluster_wave(int splits) {
   constexpr int STAGES = kS8StagesOf<BM>;
   static int cached[3][kMaxDevices] = {};
   return per_device(cached[split_slot(splits)], [&](int) {
-    auto kernel = ternary_wgmma_s8_kernel<__nv_bfloat16, STAGES, BM, true>;
-    if (prepare_s8_kernel<__nv_bfloat16, STAGES, BM, true>() != cudaSuccess) return -1;
+    auto kernel = ternary_wgmma_s8_kernel<__nv_bfloat16, STAGES, BM, true, false>;
+    if (prepare_s8_kernel<__nv_bfloat16, STAGES, BM, true, false>() != cudaSuccess) return -1;
     cudaLaunchAttribute attr;
     const cudaLaunchConfig_t cfg =
         cluster_launch_config(splits * 64, splits, S8Shape<STAGES, BM>::kSmemBytes, nullptr, attr);
@@ -467,13 +531,15 @@ int s8_cluster_wave(int splits) {
   });
 }
 
-template <typename T, int BM>
+template <typename T, int BM, bool FOLD>
 cudaError_t launch_s8_t(const int8_t* xq, const float* sx, const uint8_t* packed, const __half* scale,
                         const void* bias, void* y, int M, int N, int Kp, int ldp, int lds, int block_size,
                         int k_offset, int splits, cudaStream_t stream) {
   constexpr int STAGES = kS8StagesOf<BM>;
-  auto kernel = splits > 1 ? ternary_wgmma_s8_kernel<T, STAGES, BM, true> : ternary_wgmma_s8_kernel<T, STAGES, BM, false>;
-  if (const cudaError_t err = splits > 1 ? prepare_s8_kernel<T, STAGES, BM, true>() : prepare_s8_kernel<T, STAGES, BM, false>();
+  auto kernel = splits > 1 ? ternary_wgmma_s8_kernel<T, STAGES, BM, true, FOLD>
+                           : ternary_wgmma_s8_kernel<T, STAGES, BM, false, FOLD>;
+  if (const cudaError_t err = splits > 1 ? prepare_s8_kernel<T, STAGES, BM, true, FOLD>()
+                                         : prepare_s8_kernel<T, STAGES, BM, false, FOLD>();
       err != cudaSuccess)
     return err;
   const auto encode = tensor_map_encoder();
@@ -557,12 +623,15 @@ cudaError_t launch_quantize_s8(bool bf16, const void* x, int8_t* xq, float* sx, 
 
 cudaError_t launch_wgmma_s8(bool bf16, const int8_t* xq, const float* sx, const uint8_t* packed, const __half* scale,
                             const void* bias, void* y, int M, int N, int Kp, int ldp, int lds, int block_size,
-                            int k_offset, int k_split, cudaStream_t stream) {
+                            int k_offset, int k_split, bool fold, cudaStream_t stream) {
   if (!wgmma_supported()) return cudaErrorNotSupported;
   const S8Tiling tiling = choose_s8_tiling(M, N, Kp, k_split);
   if (tiling.tokens == 0) return cudaErrorInvalidValue;
 #define TERNARY_LAUNCH(T, BM) \
-  launch_s8_t<T, BM>(xq, sx, packed, scale, bias, y, M, N, Kp, ldp, lds, block_size, k_offset, tiling.splits, stream)
+  (fold ? launch_s8_t<T, BM, true>(xq, sx, packed, scale, bias, y, M, N, Kp, ldp, lds, block_size, k_offset, \
+                                   tiling.splits, stream)                                                     \
+        : launch_s8_t<T, BM, false>(xq, sx, packed, scale, bias, y, M, N, Kp, ldp, lds, block_size, k_offset, \
+                                    tiling.splits, stream))
   if (tiling.tokens == 128) return bf16 ? TERNARY_LAUNCH(__nv_bfloat16, 128) : TERNARY_LAUNCH(__half, 128);
   return bf16 ? TERNARY_LAUNCH(__nv_bfloat16, 64) : TERNARY_LAUNCH(__half, 64);
 #undef TERNARY_LAUNCH

@@ -27,10 +27,12 @@ cudaError_t launch_quantize_s8(bool bf16, const void* x, int8_t* xq, float* sx, 
                                cudaStream_t stream);
 
 // y [M, N] in x's dtype from the permuted xq [M, Kp] (Kp % 128 == 0) and sx; requirements in
-// ternary_wgmma_s8.cu's header.
+// ternary_wgmma_s8.cu's header. fold: each row's block scales folded into int8 weights
+// (activations.reference_linear_w2a8_folded's numerics, bit for bit), one int32 dot over K;
+// else exact per-block scales (reference_linear_w2a8's, fp32 promotion a block).
 cudaError_t launch_wgmma_s8(bool bf16, const int8_t* xq, const float* sx, const uint8_t* packed, const __half* scale,
                             const void* bias, void* y, int M, int N, int Kp, int ldp, int lds, int block_size,
-                            int k_offset, int k_split, cudaStream_t stream);
+                            int k_offset, int k_split, bool fold, cudaStream_t stream);
 
 
 }  // namespace ternary

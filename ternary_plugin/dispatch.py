@@ -74,6 +74,10 @@ LIMITS: tuple[Limit, ...] = (
           "int8 activations on Hopper: smallest M x N that takes this repository's s8 wgmma kernel on a layer that "
           "also holds Humming's layout, Humming's int2 x int8 below (band Q2; 1: ours at every M, no Humming layout; "
           "0: Humming at every M)"),
+    Limit("TERNARY_W2A8_FOLD", 1,
+          "int8 activations on this repository's s8 wgmma kernel (bands Q1, Q2): 1 folds each weight row's block "
+          "scales into its int8 weights (one int32 dot over K, activations.reference_linear_w2a8_folded), 0 keeps "
+          "them exact per block (a promotion every 128 weights, activations.reference_linear_w2a8)"),
     Limit("TERNARY_HUMMING_GEMV_MAX_M", 8,
           "on a layer holding Humming's layout (float activations), largest M that takes this repository's small-M "
           "kernel over Humming's tensors (band HG; 0: Humming's kernel at every M; at most 16)"),

@@ -243,6 +243,12 @@ def ternary_linear(
     return torch.ops.ternary_ref.linear(x, packed, scale, bias, block_size, k_offset)
 
 
+def w2a8_folds() -> bool:
+    """Whether the W2A8 mode on this repository's s8 wgmma kernel folds the block scales
+    (TERNARY_W2A8_FOLD, dispatch.LIMITS)."""
+    return dispatch.limits()["TERNARY_W2A8_FOLD"] != 0
+
+
 _devices: dict[int, dispatch.Device] = {}
 _plans: dict[tuple, dispatch.Choice] = {}
 
@@ -301,7 +307,8 @@ def _register_cuda_gemm() -> None:
             hl = humming_backend.attached(packed)
             choice = cuda_plan(x, packed, block_size, k_offset, hl[1] if hl is not None else "ternary", w2a8=True)
             if choice.backend == "ternary":  # this repository's s8 wgmma kernel
-                return torch.ops.ternary_serve.gemm_w2a8_path(x, packed, scale, bias, block_size, k_offset)
+                return torch.ops.ternary_serve.gemm_w2a8_path(x, packed, scale, bias, block_size, k_offset,
+                                                              fold=w2a8_folds())
             if choice.backend == "humming" and hl is not None:  # Humming's int2 x int8 layer, called here:
                 # through the reference op (a Python custom op) it cost another 80-180 us of host time
                 return humming_backend.forward_w2a8(hl[0], x, bias)

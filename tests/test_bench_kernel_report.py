@@ -80,9 +80,11 @@ def test_band_report_sums_the_four_layers_and_leaves_untimed_columns_empty():
     md = band_markdown({"gpu": "H200", "sms": 132, "torch": "2.11", "cuda": "13.0", "humming": "0.1.20",
                         "command": "c", "ceilings": {"copy_TBps": 2.7, "bf16_matmul_8192_TFLOPs": 790.0},
                         "rows": rows, "per_layer": [entry]})
-    # op W2A8, ours W2A8 (a column these rows predate: untimed), Humming w2a8 and its measured tiles
-    # (a column these rows predate too) empty
-    assert "| 8B | 64 | 2.00x | 1.00x | 2.00x | 2.00x | - | - | - | - | - | 40.0 | - | 80.0 |" in md
+    # op W2A8, ours W2A8 and folded (columns these rows predate: untimed), Humming w2a8 and its
+    # measured tiles (a column these rows predate too) empty
+    assert "| 8B | 64 | 2.00x | 1.00x | 2.00x | 2.00x | - | - | - | - | - | - | 40.0 | - | 80.0 |" in md
     assert entry["ours_w2a8_us"] is None and entry["speedup_ours_w2a8"] is None
-    timed = [{**r, "ours_w2a8_us": 4.0} for r in rows]
+    assert entry["ours_w2a8_folded_us"] is None and entry["speedup_ours_w2a8_folded"] is None
+    timed = [{**r, "ours_w2a8_us": 4.0, "ours_w2a8_folded_us": 2.0} for r in rows]
     assert per_layer(timed)[0]["speedup_ours_w2a8"] == 5.0  # 80 us of cuBLAS over 4 x 4 us
+    assert per_layer(timed)[0]["speedup_ours_w2a8_folded"] == 10.0

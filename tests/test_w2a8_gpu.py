@@ -5,7 +5,9 @@ activations.quantize_activations_int8), and the s8 wgmma GEMM against the mode's
 (activations.reference_linear_w2a8: exact integer block dots, float64 scale products). The
 kernel's block dots are exact in int32 too, so what differs is its fp32 promotion and sum
 (~1e-7 relative) and the one rounding of the output: bounded by 3e-3 (bf16, ~2^-9 / sqrt(3)
-rms plus room) and 4e-4 (fp16, ~2^-12 / sqrt(3)) relative Frobenius error.
+rms plus room) and 4e-4 (fp16, ~2^-12 / sqrt(3)) relative Frobenius error. With fold=True the
+kernel computes activations.reference_linear_w2a8_folded bit for bit (one int32 dot, fp32
+products in a fixed order), split along K or not.
 """
 
 from __future__ import annotations
@@ -15,7 +17,11 @@ import torch
 
 from ternary_plugin import dispatch, ops
 from ternary_plugin import format as fmt
-from ternary_plugin.activations import quantize_activations_int8, reference_linear_w2a8
+from ternary_plugin.activations import (
+    quantize_activations_int8,
+    reference_linear_w2a8,
+    reference_linear_w2a8_folded,
+)
 
 pytestmark = pytest.mark.gpu
 if not torch.cuda.is_available():
@@ -50,6 +56,16 @@ def _case(m, n, k, k_offset, bs, dtype, seed):
     bias = torch.randn(n, generator=g).to(dtype)
     packed = ops.pad_packed_rows(fmt.pack_ternary(values))
     return x, packed, scale, bias
+
+
+def _signed_scales(scale, seed):
+    """Scales of both signs and of other ranges per row (folding is per row against its largest),
+    and one row of zero scales (S = 0: q = 0, y = bias)."""
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    s = scale.float() * torch.where(torch.rand(scale.shape, generator=g) < 0.3, -1.0, 1.0)
+    s = s * torch.exp2(torch.randint(-3, 4, (scale.shape[0], 1), generator=g).float())
+    s[0] = 0
+    return s.to(torch.float16)
 
 
 def _formula(x, packed, scale, bias, bs, k_offset):
@@ -122,6 +138,39 @@ def test_every_split_along_k_matches(m, k_split):
     assert rel < TOL[torch.bfloat16], f"k_split {k_split}: relative error {rel:.2e}"
 
 
+@pytest.mark.parametrize("with_bias", [False, True])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("m,n,k,k_offset,bs,reason", SHAPES, ids=[s[-1] for s in SHAPES])
+def test_folded_kernel_is_the_folded_formula_bit_for_bit(m, n, k, k_offset, bs, reason, dtype, with_bias):
+    x, packed, scale, bias = _case(m, n, k, k_offset, bs, dtype, seed=m * 1000 + n + k + 7)
+    scale = _signed_scales(scale, seed=m + n)
+    b = bias if with_bias else None
+    _poison_allocator(m * n * 2)
+    y = torch.ops.ternary_serve.gemm_w2a8_path(x.cuda(), packed.cuda(), scale.cuda(), None if b is None else b.cuda(),
+                                                bs, k_offset, fold=True)
+    torch.cuda.synchronize()
+    assert y.shape == (m, n) and y.dtype == dtype
+    assert bool(torch.isfinite(y).all()), f"{reason}: unwritten (NaN-poisoned) or non-finite output"
+    ref = reference_linear_w2a8_folded(x, packed, scale, b, bs, k_offset)
+    bad = (y.cpu() != ref).sum().item()
+    assert bad == 0, f"{reason}: {bad} of {m * n} outputs differ from the folded formula"
+    # and the folded numerics stay near the exact ones (the fold's error is bounded: test_activations)
+    assert _rel(y, _formula(x, packed, scale, b, bs, k_offset)) < 2e-2, reason
+
+
+@pytest.mark.parametrize("k_split", [1, 2, 4, 8])
+@pytest.mark.parametrize("m", [64, 200])
+def test_every_split_of_the_folded_kernel_is_exact(m, k_split):
+    """The splits add int32 partial dots: the result is the formula's bit for bit at every split."""
+    x, packed, scale, bias = _case(m, 1024, 4096, 0, 128, torch.bfloat16, seed=k_split + m + 11)
+    scale = _signed_scales(scale, seed=m)
+    _poison_allocator(m * 1024 * 2)
+    y = torch.ops.ternary_serve.gemm_w2a8_path(x.cuda(), packed.cuda(), scale.cuda(), bias.cuda(), 128, 0,
+                                                k_split=k_split, fold=True)
+    torch.cuda.synchronize()
+    assert torch.equal(y.cpu(), reference_linear_w2a8_folded(x, packed, scale, bias, 128, 0)), f"k_split {k_split}"
+
+
 def test_the_op_plans_our_kernel_on_hopper_and_graphs_replay_it_exactly():
     """gemm_w2a8 on a ternary-layout layer takes the s8 kernel (band Q1) with its auto tiling, and a
     CUDA graph of it (as vLLM captures) replays the eager result bit for bit (no atomics: the split
@@ -130,7 +179,8 @@ def test_the_op_plans_our_kernel_on_hopper_and_graphs_replay_it_exactly():
     x, packed, scale, bias = x.cuda(), packed.cuda(), scale.cuda(), bias.cuda()
     assert ops.cuda_plan(x, packed, 128, 0, w2a8=True).band == "Q1"
     eager = torch.ops.ternary_serve.gemm_w2a8(x, packed, scale, bias, 128, 0)
-    assert torch.equal(eager, torch.ops.ternary_serve.gemm_w2a8_path(x, packed, scale, bias, 128, 0))
+    assert torch.equal(eager, torch.ops.ternary_serve.gemm_w2a8_path(x, packed, scale, bias, 128, 0,
+                                                                      fold=ops.w2a8_folds()))
     static_x = x.clone()
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
@@ -154,7 +204,7 @@ def test_the_layer_call_routes_to_the_kernel():
     x, packed, scale, bias = _case(33, 256, 512, 0, 128, torch.float16, seed=9)
     x, packed, scale, bias = x.cuda(), packed.cuda(), scale.cuda(), bias.cuda()
     assert torch.equal(ternary_linear_w2a8(x, packed, scale, bias, 128, 0),
-                       torch.ops.ternary_serve.gemm_w2a8_path(x, packed, scale, bias, 128, 0))
+                       torch.ops.ternary_serve.gemm_w2a8_path(x, packed, scale, bias, 128, 0, fold=ops.w2a8_folds()))
     # off the kernel's 128-weight k-steps the plan is the reference (band QR), still correct
     x2, packed2, scale2, _ = _case(3, 96, 502, 64, 128, torch.bfloat16, seed=3)
     assert ops.cuda_plan(x2.cuda(), packed2.cuda(), 128, 64, w2a8=True).backend == "reference"

@@ -9,6 +9,8 @@
 #   bash benchmarks/gpu/gpu_e2e_run.sh setup w2a8          # build, the s8 kernel's tests + memcheck, bench_band.py
 #   bash benchmarks/gpu/gpu_e2e_run.sh setup tiles         # build, Humming's tests with the measured tiles, bench_band.py
 #   bash benchmarks/gpu/gpu_e2e_run.sh wgmma               # the wgmma kernel's tests, memcheck, bench at M >= 64
+#   bash benchmarks/gpu/gpu_e2e_run.sh setup w2a8_fold     # the s8 kernel exact and folded: tests, memcheck, timed
+#                                                   # against cuBLAS (s8_quick.py; carry .whl only)
 #   ORDER="mma floor" bash benchmarks/probes/run_probes.sh  # kernels alone, outside torch (seconds; no setup)
 #   bash benchmarks/gpu/gpu_e2e_run.sh setup humming_gemv  # the kernel over Humming's layout (band HG): tests,
 #                                                   # bench_band, its probe, memcheck (carry .whl only)
@@ -218,6 +220,23 @@ stage_w2a8_quick() {
     touch /root/w2a8_broken; export TERNARY_W2A8_WGMMA_MIN_MN=0; echo "s8 kernel FAILED its tests: Humming's from here"; return 1
   fi
   timeout 60 python3 benchmarks/probes/s8_quick.py --json "$OUT/s8-quick.json" 2>&1 | tail -25
+}
+
+# The s8 kernel with exact and folded block scales: its tests (fold bit for bit against
+# activations.reference_linear_w2a8_folded), memcheck on the folded cases, and both timed against
+# cuBLAS bf16 on the 8B and 0.6B shapes (benchmarks/probes/s8_quick.py, no Humming warm-up)
+stage_w2a8_fold() {
+  grep -E "C75[0-9]+|Performance Warning" "$LOGS/build.log" | sort | uniq -c | head -10
+  timeout 200 python3 -X faulthandler -m pytest -q -p no:cacheprovider -m gpu tests/test_w2a8_gpu.py \
+    > "$OUT/gpu_tests_w2a8.log" 2>&1
+  tail -2 "$OUT/gpu_tests_w2a8.log"; grep -E "^FAILED|^ERROR" "$OUT/gpu_tests_w2a8.log" | head -20
+  timeout 90 compute-sanitizer --tool memcheck --print-limit 20 python3 -m pytest -q -p no:cacheprovider \
+    tests/test_w2a8_gpu.py -k "folded and bf16 and not 12288 and not 3072 and not 1536 or split_of_the_folded and 64" \
+    > "$OUT/memcheck_w2a8.log" 2>&1
+  tail -3 "$OUT/memcheck_w2a8.log"
+  timeout ${FOLD_TIMEOUT:-220} python3 benchmarks/probes/s8_quick.py --models 8B 0.6B \
+    --ms ${FOLD_MS:-1 16 64 256 1024 4096 16384} --json "$OUT/s8-fold-h200.json" > "$LOGS/s8_fold.log" 2>&1
+  grep -E "per layer|Error|error:" "$LOGS/s8_fold.log" | head -30
 }
 
 # The wgmma kernel alone (a short call while it is being built): its GPU tests, memcheck on its

@@ -1,8 +1,10 @@
-"""The s8 kernel alone on the 8B shapes at a few M, in bench_band.py's harness (CUDA graphs, inputs
-rotated past L2): a quick check of a kernel change against kernel-h200.json's ours_w2a8_us column
-without Humming's JIT warm-up.
+"""The s8 kernel alone at a few M, in bench_band.py's harness (CUDA graphs, inputs rotated past L2):
+a quick check of a kernel change without Humming's JIT warm-up. Per (model, layer, M): the kernel
+with exact block scales (ours_w2a8_us) and folded (ours_w2a8_folded_us), cuBLAS bf16 on the
+dequantized weight in the same run, each output's relative error against its formula
+(activations.reference_linear_w2a8 / _folded) and the folded one's against the exact formula.
 
-    python benchmarks/probes/s8_quick.py [--ms 1 64 1024 4096 16384] [--json OUT]
+    python benchmarks/probes/s8_quick.py [--models 8B 0.6B] [--ms 1 64 1024 4096 16384] [--json OUT]
 """
 
 from __future__ import annotations
@@ -22,32 +24,56 @@ from benchmarks.bench_kernel import random_layers, rotating_copies, time_graph  
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--ms", type=int, nargs="+", default=[1, 64, 1024, 4096, 16384])
-    ap.add_argument("--model", default="8B", choices=list(MODELS))
+    ap.add_argument("--models", nargs="+", default=["8B"], choices=list(MODELS))
     ap.add_argument("--json", type=Path)
     args = ap.parse_args(argv)
     from ternary_plugin import format as fmt
     from ternary_plugin import ops
-    from ternary_plugin.activations import reference_linear_w2a8
+    from ternary_plugin.activations import reference_linear_w2a8, reference_linear_w2a8_folded
 
     ops.ensure_op_registered()
     l2 = torch.cuda.get_device_properties(0).L2_cache_size
+    s8 = torch.ops.ternary_serve.gemm_w2a8_path
     rows = []
-    for layer, k, n in MODELS[args.model]:
-        g = torch.Generator(device="cuda").manual_seed(k + n)
-        copies = min(rotating_copies(l2, n * fmt.packed_cols(k) + n * fmt.scale_cols(k) * 2), 32)
-        packs, scales = random_layers(n, k, copies, g)
+    for model in args.models:
+        for layer, k, n in MODELS[model]:
+            g = torch.Generator(device="cuda").manual_seed(k + n)
+            copies = min(rotating_copies(l2, n * fmt.packed_cols(k) + n * fmt.scale_cols(k) * 2), 32)
+            packs, scales = random_layers(n, k, copies, g)
+            copies_b = min(rotating_copies(l2, n * k * 2), 16)
+            ws = [fmt.dequantize_ternary(packs[i][:, : fmt.packed_cols(k)], scales[i], k, 128, dtype=torch.bfloat16)
+                  for i in range(copies_b)]
+            for m in args.ms:
+                xs = [torch.randn(m, k, device="cuda", generator=g).to(torch.bfloat16) for _ in range(min(copies, 4))]
+                row = {"model": model, "layer": layer, "M": m, "K": k, "N": n}
+                exact = reference_linear_w2a8(xs[0], packs[0], scales[0], None, 128).double()
+                for fold, key in ((False, "ours_w2a8"), (True, "ours_w2a8_folded")):
+                    y = s8(xs[0], packs[0], scales[0], None, 128, 0, fold=fold)
+                    ref = (reference_linear_w2a8_folded(xs[0], packs[0], scales[0], None, 128).double() if fold
+                           else exact)
+                    row[key + "_rel_err_vs_formula"] = float(f"{float((y.double() - ref).norm() / ref.norm()):.3e}")
+                    if fold:
+                        row[key + "_rel_err_vs_exact"] = float(
+                            f"{float((y.double() - exact).norm() / exact.norm()):.3e}")
+                    row[key + "_us"] = round(time_graph([lambda i=i, fold=fold: s8(
+                        xs[i % len(xs)], packs[i], scales[i], None, 128, 0, fold=fold) for i in range(copies)], 20), 3)
+                row["cublas_bf16_us"] = round(time_graph([lambda i=i: torch.mm(xs[i % len(xs)], ws[i].t())
+                                                          for i in range(copies_b)], 20), 3)
+                rows.append(row)
+                print(f"{model:5s} {layer:8s} M={m:6d} s8 {row['ours_w2a8_us']:9.2f} folded "
+                      f"{row['ours_w2a8_folded_us']:9.2f} cuBLAS {row['cublas_bf16_us']:9.2f} us  err "
+                      f"{row['ours_w2a8_rel_err_vs_formula']:.1e} / {row['ours_w2a8_folded_rel_err_vs_formula']:.1e} "
+                      f"(folded vs exact {row['ours_w2a8_folded_rel_err_vs_exact']:.1e})", flush=True)
+    for model in args.models:
         for m in args.ms:
-            xs = [torch.randn(m, k, device="cuda", generator=g).to(torch.bfloat16) for _ in range(min(copies, 4))]
-            y = torch.ops.ternary_serve.gemm_w2a8_path(xs[0], packs[0], scales[0], None, 128, 0)
-            ref = reference_linear_w2a8(xs[0], packs[0], scales[0], None, 128).double()
-            err = float((y.double() - ref).norm() / ref.norm())
-            us = time_graph([lambda i=i: torch.ops.ternary_serve.gemm_w2a8_path(xs[i % len(xs)], packs[i], scales[i],
-                                                                               None, 128, 0) for i in range(copies)], 20)
-            rows.append({"model": args.model, "layer": layer, "M": m, "K": k, "N": n, "ours_w2a8_us": round(us, 3),
-                         "rel_err_vs_formula": float(f"{err:.3e}")})
-            print(f"{layer:8s} M={m:6d} s8 {us:9.2f} us  err {err:.1e}", flush=True)
+            group = [r for r in rows if r["model"] == model and r["M"] == m]
+            tot = {key: sum(r[key] for r in group) for key in ("ours_w2a8_us", "ours_w2a8_folded_us", "cublas_bf16_us")}
+            print(f"{model:5s} per layer M={m:6d} vs cuBLAS bf16: exact {tot['cublas_bf16_us'] / tot['ours_w2a8_us']:.2f}x"
+                  f" folded {tot['cublas_bf16_us'] / tot['ours_w2a8_folded_us']:.2f}x", flush=True)
     if args.json:
-        args.json.write_text(json.dumps({"gpu": torch.cuda.get_device_name(0), "rows": rows}, indent=1) + "\n")
+        args.json.write_text(json.dumps({"gpu": torch.cuda.get_device_name(0), "torch": torch.__version__,
+                                         "command": "python benchmarks/probes/s8_quick.py " + " ".join(argv or sys.argv[1:]),
+                                         "rows": rows}, indent=1) + "\n")
     return 0
 
 
