@@ -5,6 +5,7 @@ dequantized weight in the same run, each output's relative error against its for
 (activations.reference_linear_w2a8 / _folded) and the folded one's against the exact formula.
 
     python benchmarks/probes/s8_quick.py [--models 8B 0.6B] [--ms 1 64 1024 4096 16384] [--json OUT]
+    python benchmarks/probes/s8_quick.py --report OUT.json    # the markdown beside a result again
 """
 
 from __future__ import annotations
@@ -21,12 +22,47 @@ from benchmarks.bench_band import MODELS  # noqa: E402
 from benchmarks.bench_kernel import random_layers, rotating_copies, time_graph  # noqa: E402
 
 
+TIMED = ("ours_w2a8_us", "ours_w2a8_folded_us", "cublas_bf16_us")
+
+
+def markdown(result: dict) -> str:
+    """Per decoder layer (the four layers summed) and per layer: both numerics against cuBLAS bf16."""
+    rows = result["rows"]
+    lines = [f"# The s8 wgmma kernel, exact and folded block scales, on {result['gpu']}", "",
+             f"torch {result['torch']}. Command: `{result['command']}`. Medians of CUDA-graph replays, inputs "
+             "rotated past L2 (bench_band.py's harness), activation quantization included.", "",
+             "| model | M | exact us | folded us | cuBLAS bf16 us | exact vs cuBLAS | folded vs cuBLAS | folded vs exact |",
+             "|---|---|---|---|---|---|---|---|"]
+    for model in dict.fromkeys(r["model"] for r in rows):
+        for m in dict.fromkeys(r["M"] for r in rows if r["model"] == model):
+            tot = {key: sum(r[key] for r in rows if r["model"] == model and r["M"] == m) for key in TIMED}
+            ex, fo, cu = (tot[k] for k in TIMED)
+            lines.append(f"| {model} | {m} | {ex:.1f} | {fo:.1f} | {cu:.1f} | {cu / ex:.2f}x | {cu / fo:.2f}x | "
+                         f"{ex / fo:.2f}x |")
+    lines += ["", "Per layer (us; relative errors against each numerics' formula, and of the folded output against "
+              "the exact formula). The formulas run on the GPU here, where torch divides by a Python scalar "
+              "(sx = absmax / 127) as a multiplication by its reciprocal: a few rows' scales one ulp off the "
+              "kernel's IEEE quotient, hence the ~2e-4 from M 64; computed on the CPU, the folded formula equals "
+              "the kernel bit for bit (tests/test_w2a8_gpu.py):", "",
+              "| model | layer | M | K | N | exact | folded | cuBLAS bf16 | err exact | err folded | folded vs exact |",
+              "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['model']} | {r['layer']} | {r['M']} | {r['K']} | {r['N']} | {r['ours_w2a8_us']} | "
+                     f"{r['ours_w2a8_folded_us']} | {r['cublas_bf16_us']} | {r['ours_w2a8_rel_err_vs_formula']:.1e} | "
+                     f"{r['ours_w2a8_folded_rel_err_vs_formula']:.1e} | {r['ours_w2a8_folded_rel_err_vs_exact']:.1e} |")
+    return "\n".join(lines) + "\n"
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--ms", type=int, nargs="+", default=[1, 64, 1024, 4096, 16384])
     ap.add_argument("--models", nargs="+", default=["8B"], choices=list(MODELS))
     ap.add_argument("--json", type=Path)
+    ap.add_argument("--report", type=Path, help="write the markdown of an existing result, then exit")
     args = ap.parse_args(argv)
+    if args.report:
+        args.report.with_suffix(".md").write_text(markdown(json.loads(args.report.read_text())))
+        return 0
     from ternary_plugin import format as fmt
     from ternary_plugin import ops
     from ternary_plugin.activations import reference_linear_w2a8, reference_linear_w2a8_folded
@@ -64,16 +100,12 @@ def main(argv=None) -> int:
                       f"{row['ours_w2a8_folded_us']:9.2f} cuBLAS {row['cublas_bf16_us']:9.2f} us  err "
                       f"{row['ours_w2a8_rel_err_vs_formula']:.1e} / {row['ours_w2a8_folded_rel_err_vs_formula']:.1e} "
                       f"(folded vs exact {row['ours_w2a8_folded_rel_err_vs_exact']:.1e})", flush=True)
-    for model in args.models:
-        for m in args.ms:
-            group = [r for r in rows if r["model"] == model and r["M"] == m]
-            tot = {key: sum(r[key] for r in group) for key in ("ours_w2a8_us", "ours_w2a8_folded_us", "cublas_bf16_us")}
-            print(f"{model:5s} per layer M={m:6d} vs cuBLAS bf16: exact {tot['cublas_bf16_us'] / tot['ours_w2a8_us']:.2f}x"
-                  f" folded {tot['cublas_bf16_us'] / tot['ours_w2a8_folded_us']:.2f}x", flush=True)
+    result = {"gpu": torch.cuda.get_device_name(0), "torch": torch.__version__,
+              "command": "python benchmarks/probes/s8_quick.py " + " ".join(argv or sys.argv[1:]), "rows": rows}
+    print(markdown(result), flush=True)
     if args.json:
-        args.json.write_text(json.dumps({"gpu": torch.cuda.get_device_name(0), "torch": torch.__version__,
-                                         "command": "python benchmarks/probes/s8_quick.py " + " ".join(argv or sys.argv[1:]),
-                                         "rows": rows}, indent=1) + "\n")
+        args.json.write_text(json.dumps(result, indent=1) + "\n")
+        args.json.with_suffix(".md").write_text(markdown(result))
     return 0
 
 
