@@ -196,12 +196,13 @@ torch::Tensor gemm_path(const torch::Tensor& x,       // [M, K] bf16/fp16
 // (csrc/ternary_wgmma_s8.cu). x is quantized per token inside the op into a transient int8 copy
 // [M, round_up(K, 128)] (K permuted per 128-block as the kernel reads it) from the caching
 // allocator; the plan (Humming's int8 layer or this) is ternary_plugin/dispatch.py's. fold: the
-// kernel folds each row's block scales into its int8 weights (reference_linear_w2a8_folded).
+// kernel folds each row's block scales into its int8 weights (reference_linear_w2a8_folded);
+// rows: W rows a tile, 128 or 256 (fold only, no split), 0 = the kernel's choice.
 torch::Tensor gemm_w2a8_path(const torch::Tensor& x,       // [M, K] bf16/fp16
                              const torch::Tensor& packed,  // [N, ldp] uint8, ldp % 16 == 0
                              const torch::Tensor& scale,   // [N, lds] fp16
                              const std::optional<torch::Tensor>& bias,  // [N] x.dtype
-                             int64_t block_size, int64_t k_offset, int64_t k_split, bool fold) {
+                             int64_t block_size, int64_t k_offset, int64_t k_split, bool fold, int64_t rows) {
 #define CHECK_W2A8(cond, ...) TERNARY_CHECK_ARG("ternary_serve::gemm_w2a8_path: ", cond, __VA_ARGS__)
   CHECK_W2A8(x.is_cuda() && packed.is_cuda() && scale.is_cuda(), "x, packed and scale must be CUDA tensors");
   CHECK_W2A8(x.device() == packed.device() && x.device() == scale.device(), "x, packed, scale on different devices");
@@ -235,6 +236,9 @@ torch::Tensor gemm_w2a8_path(const torch::Tensor& x,       // [M, K] bf16/fp16
                  k_split <= std::max<int64_t>(Kp / ternary::kS8StepK, 1),
              "k_split must be 0 (auto), 1, 2, 4 or 8 and at most the ", Kp / ternary::kS8StepK, " k-steps of ",
              ternary::kS8StepK, " weights, got ", k_split);
+  CHECK_W2A8(rows == 0 || rows == 128 || (rows == 256 && fold && k_split <= 1),
+             "rows must be 0 (auto), 128 or 256, and 256 needs fold=True and k_split 0 or 1, got rows=", rows,
+             " fold=", fold, " k_split=", k_split);
   CHECK_W2A8(ternary::wgmma_supported(), "the s8 wgmma kernel runs on sm_90 (Hopper) devices only");
   const at::cuda::OptionalCUDAGuard guard(x.device());
   if (K == 0 || M == 0 || N == 0) {
@@ -254,7 +258,7 @@ torch::Tensor gemm_w2a8_path(const torch::Tensor& x,       // [M, K] bf16/fp16
                                             packed.data_ptr<uint8_t>(),
                                             reinterpret_cast<const __half*>(scale.data_ptr<at::Half>()),
                                             bias ? b.data_ptr() : nullptr, y.data_ptr(), M, N, Kp, ldp, lds,
-                                            block_size, k_offset, k_split, fold, stream),
+                                            block_size, k_offset, k_split, fold, (int)rows, stream),
                    "ternary_wgmma_s8_kernel launch", M, N, K);
   return y;
 #undef CHECK_W2A8

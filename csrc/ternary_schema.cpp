@@ -27,7 +27,7 @@ TORCH_LIBRARY(ternary_serve, m) {
   // forced for tests and benchmarks, 0 = auto) by ternary_plugin/dispatch.py's table.
   m.def("gemm_w2a8(Tensor x, Tensor packed, Tensor scale, Tensor? bias, int block_size, int k_offset) -> Tensor");
   m.def("gemm_w2a8_path(Tensor x, Tensor packed, Tensor scale, Tensor? bias, int block_size, int k_offset, "
-        "int k_split=0, bool fold=False) -> Tensor");
+        "int k_split=0, bool fold=False, int rows=0) -> Tensor");
   // The mode's activation quantization alone: (xq int8 [M, K], sx float32 [M]), for tests.
   m.def("quantize_int8(Tensor x) -> (Tensor, Tensor)");
   // M <= 16 over a layer's Humming int2 group-128 tensors (float activations): weight int32

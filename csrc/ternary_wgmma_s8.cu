@@ -55,21 +55,26 @@ constexpr int kBK = kS8StepK;      // weights of K a k-step: 128 int8 = one 128-
 constexpr int kRow = kBK;          // bytes of an activation tile row
 constexpr int kCodeRow = kBK / 4;  // bytes of codes a W row a k-step
 
-// Stages: 6 of 20 KB at 128 tokens, 8 of 12 KB at 64.
-template <int BM>
-constexpr int kS8StagesOf = BM == 128 ? 6 : 8;
+// Stages: 6 of 20 KB at 128 tokens, 8 of 12 KB at 64; with 256 W rows a tile (RS 2), 4 of 24 KB.
+template <int BM, int RS = 1>
+constexpr int kS8StagesOf = RS == 2 ? 4 : BM == 128 ? 6 : 8;
 
-template <int STAGES, int BM>
+// RS: row sets a warpgroup, W rows a tile kBN x RS. RS 2 (folded scales only): each activation
+// tile feeds 256 W rows, half the activation traffic from L2 a product (notes, v18); its tile's
+// scales wait in shared memory already folded, as int8 (one byte a block and row).
+template <int STAGES, int BM, int RS = 1>
 struct S8Shape {
-  static constexpr int kXBytes = BM * kRow, kCBytes = kBN * kCodeRow;
-  static constexpr int kScaleBytes = kBN * kS8MaxScaleCols * 2;  // one tile's scales, [block][row]
-  static constexpr int kOutLd = kBN + 8;  // output staging row ([token][W row]), padded
+  static constexpr int kRows = kBN * RS;
+  static constexpr int kXBytes = BM * kRow, kCBytes = kRows * kCodeRow;
+  // one tile's scales, [block][row]: fp16 (RS 1), folded int8 (RS 2)
+  static constexpr int kScaleBytes = kRows * kS8MaxScaleCols * (RS == 1 ? 2 : 1);
+  static constexpr int kOutLd = kRows + 8;  // output staging row ([token][W row]), padded
   // [activation stages (1024-byte aligned) | code stages | scales of two tiles | output tile |
   // ws of two tiles (folded scales) | mbarriers full, empty]
   static constexpr int kCOff = STAGES * kXBytes, kSOff = kCOff + STAGES * kCBytes;
   static constexpr int kOutOff = kSOff + 2 * kScaleBytes;
   static constexpr int kWsOff = kOutOff + BM * kOutLd * 2;
-  static constexpr int kBarOff = kWsOff + 2 * kBN * 4;
+  static constexpr int kBarOff = kWsOff + 2 * kRows * 4;
   static constexpr int kSmemBytes = kBarOff + 2 * STAGES * 8 + 1024;  // + alignment
   static_assert(kSmemBytes <= 227 * 1024, "shared memory of one CTA");
 };
@@ -240,17 +245,19 @@ __global__ void __launch_bounds__(kQuantThreads) quantize_s8_vec_kernel(const T*
   }
 }
 
-template <typename T, int STAGES, int BM, bool SPLIT, bool FOLD>
+template <typename T, int STAGES, int BM, bool SPLIT, bool FOLD, int RS>
 __global__ void __launch_bounds__(kThreads, 1)
 ternary_wgmma_s8_kernel(const __grid_constant__ CUtensorMap x_map,     // xq [M, Kp] int8: boxes 128 x BM, 128-byte swizzle
-                        const __grid_constant__ CUtensorMap code_map,  // packed [N, ldp]: boxes 32 B x 128 rows
+                        const __grid_constant__ CUtensorMap code_map,  // packed [N, ldp]: boxes 32 B x 128 RS rows
                         const float* __restrict__ sx,                  // [M]
                         const __half* __restrict__ scale,              // [N, lds]
                         const T* __restrict__ bias,                    // [N] or nullptr
                         T* __restrict__ y,                             // [M, N]
                         int M, int N, int Kp, int lds, int block_size, int k_offset, int splits) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  using S = S8Shape<STAGES, BM>;
+  static_assert(RS == 1 || (RS == 2 && FOLD && !SPLIT), "256-row tiles: folded scales, no split");
+  using S = S8Shape<STAGES, BM, RS>;
+  constexpr int kRows = S::kRows;
   extern __shared__ uint8_t smem_raw[];
   const uint32_t raw_s = static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw));
   uint8_t* smem = smem_raw + ((1024 - (raw_s & 1023)) & 1023);  // swizzle atoms are 1024-byte aligned
@@ -258,7 +265,7 @@ ternary_wgmma_s8_kernel(const __grid_constant__ CUtensorMap x_map,     // xq [M,
   const uint32_t full_bar = smem_s + S::kBarOff, empty_bar = full_bar + 8 * STAGES;
   const int tid = threadIdx.x;
   const int steps = Kp / kBK;
-  const int tiles_n = (N + kBN - 1) / kBN, tiles = tiles_n * ((M + BM - 1) / BM);
+  const int tiles_n = (N + kRows - 1) / kRows, tiles = tiles_n * ((M + BM - 1) / BM);
   // as ternary_wgmma_kernel: SPLIT, clusters of `splits` CTAs a tile, each a run of k-steps
   const int first_tile = SPLIT ? blockIdx.x / splits : blockIdx.x;
   const int tile_stride = SPLIT ? gridDim.x / splits : gridDim.x, rank = SPLIT ? blockIdx.x % splits : 0;
@@ -278,7 +285,7 @@ ternary_wgmma_s8_kernel(const __grid_constant__ CUtensorMap x_map,     // xq [M,
     if (tid == kMmaThreads) {
       int it = 0;
       for (int tile = first_tile; tile < tiles; tile += tile_stride) {
-        const int n0 = (tile % tiles_n) * kBN, m0 = (tile / tiles_n) * BM;
+        const int n0 = (tile % tiles_n) * kRows, m0 = (tile / tiles_n) * BM;
         for (int kt = 0; kt < nk; ++kt, ++it) {
           const int s = it % STAGES;
           mbar_wait(empty_bar + 8 * s, ((it / STAGES) & 1) ^ 1);
@@ -354,7 +361,21 @@ ternary_wgmma_s8_kernel(const __grid_constant__ CUtensorMap x_map,     // xq [M,
       if (tid % 2 == 0) ws[srow] = __fdiv_rn(smax, 127.f);
     }
   };
-  {
+  // RS 2: thread tid stages row tid of the tile's 256, folded as it goes (two passes over the row's
+  // scales in global memory: their maximum, then each block's int8; the same arithmetic), into
+  // buffer `buf` as int8 [block][row].
+  auto stage_folded_int8 = [&](int n0, int buf) {
+    const unsigned short* sg = reinterpret_cast<const unsigned short*>(scale) + (size_t)min(n0 + tid, N - 1) * lds + col0;
+    float smax = 0.f;
+    for (int c = 0; c < cols; ++c) smax = fmaxf(smax, fabsf(scale_from_bits(__ldg(sg + c))));
+    int8_t* sq = reinterpret_cast<int8_t*>(smem + S::kSOff + buf * S::kScaleBytes);
+    for (int c = 0; c < cols; ++c)
+      sq[c * kRows + tid] = (int8_t)(smax > 0.f ? rintf(__fmul_rn(__fdiv_rn(scale_from_bits(__ldg(sg + c)), smax), 127.f)) : 0.f);
+    ws_smem[buf * kRows + tid] = __fdiv_rn(smax, 127.f);
+  };
+  if constexpr (RS == 2) {
+    stage_folded_int8((first_tile % tiles_n) * kRows, 0);
+  } else {
     unsigned short v[16];
     const int n0 = (first_tile % tiles_n) * kBN;
     load_scales(n0, tid % 2, v);
@@ -366,43 +387,60 @@ ternary_wgmma_s8_kernel(const __grid_constant__ CUtensorMap x_map,     // xq [M,
 
   int it = 0, tcount = 0;
   for (int tile = first_tile; tile < tiles; tile += tile_stride, ++tcount) {
-    const int n0 = (tile % tiles_n) * kBN, m0 = (tile / tiles_n) * BM;
+    const int n0 = (tile % tiles_n) * kRows, m0 = (tile / tiles_n) * BM;
     const unsigned short* ssc = scale_buffer(tcount);
+    const int8_t* sq = reinterpret_cast<const int8_t*>(ssc);  // RS 2
     // k-step kt's scale column (relative to col0): local column 128 kt is global k_offset + 128 kt
     auto scale_col = [&](int kt) { return (k_offset + (kt0 + kt) * kBK) / block_size - col0; };
 
-    // Waits for k-step kt's stage and decodes its codes: with the unit table (exact scales: the
-    // two rows' scales of the k-step to sc, raw bits) or the rows' folded block scales.
-    auto decode = [&](uint32_t (&a)[4][4], unsigned short (&sc)[2], int kt) {
+    // Waits for k-step kt's stage and decodes its codes (row set s: rows s kBN + r0, + 8): with the
+    // unit table (exact scales: the two rows' scales of the k-step to sc, raw bits) or the rows'
+    // folded block scales (staged folded in place as int16, RS 1, or as int8, RS 2).
+    auto decode = [&](uint32_t (&a)[RS][4][4], unsigned short (&sc)[RS][2], int kt) {
       const int g = it + kt;
       const int c = scale_col(kt);
-      sc[0] = ssc[c * kBN + r0], sc[1] = ssc[c * kBN + r0 + 8];
+#pragma unroll
+      for (int rs = 0; rs < RS; ++rs) {
+        if constexpr (RS == 1) {
+          sc[rs][0] = ssc[c * kBN + r0], sc[rs][1] = ssc[c * kBN + r0 + 8];
+        } else {
+          sc[rs][0] = (unsigned short)(short)sq[c * kRows + rs * kBN + r0];
+          sc[rs][1] = (unsigned short)(short)sq[c * kRows + rs * kBN + r0 + 8];
+        }
+      }
       mbar_wait(full_bar + 8 * (g % STAGES), (g / STAGES) & 1);
       const uint8_t* codes = smem + S::kCOff + (g % STAGES) * S::kCBytes;
-      const uint2 c0 = *reinterpret_cast<const uint2*>(codes + r0 * kCodeRow + 8 * t);
-      const uint2 c1 = *reinterpret_cast<const uint2*>(codes + (r0 + 8) * kCodeRow + 8 * t);
-      if constexpr (FOLD) decode_s8(a, c0, c1, fold_table((short)sc[0]), fold_table((short)sc[1]));
-      else decode_s8(a, c0, c1, kUnitTable, kUnitTable);
+#pragma unroll
+      for (int rs = 0; rs < RS; ++rs) {
+        const uint2 c0 = *reinterpret_cast<const uint2*>(codes + (rs * kBN + r0) * kCodeRow + 8 * t);
+        const uint2 c1 = *reinterpret_cast<const uint2*>(codes + (rs * kBN + r0 + 8) * kCodeRow + 8 * t);
+        if constexpr (FOLD) decode_s8(a[rs], c0, c1, fold_table((short)sc[rs][0]), fold_table((short)sc[rs][1]));
+        else decode_s8(a[rs], c0, c1, kUnitTable, kUnitTable);
+      }
     };
     // FOLD: int32 dots over all of the CTA's K (the block scales are in the codes' values);
     // else: fp32 sums of the promoted block sums blk.
     using Acc = std::conditional_t<FOLD, int32_t, float>;
-    Acc acc[BM / 2];
+    Acc acc[RS][BM / 2];
     int32_t blk[FOLD ? 1 : BM / 2];
 #pragma unroll
-    for (int i = 0; i < BM / 2; ++i) acc[i] = 0;
+    for (int rs = 0; rs < RS; ++rs)
+#pragma unroll
+      for (int i = 0; i < BM / 2; ++i) acc[rs][i] = 0;
     // exact: k-step kt's wgmma (A = a) into blk; while they run, the next k-step's decode (into
     // a_next); then the wait, the stage freed, and the promotion of blk with this k-step's scales.
     // FOLD: k-step kt's wgmma accumulate into acc; the wait lets them run on while k-step kt - 1's
     // are awaited (their A registers are a_next's, their stage is freed), then the next decode.
-    auto step = [&](const uint32_t (&a)[4][4], const unsigned short (&sc)[2], uint32_t (&a_next)[4][4],
-                    unsigned short (&sc_next)[2], int kt) {
+    auto step = [&](const uint32_t (&a)[RS][4][4], const unsigned short (&sc)[RS][2], uint32_t (&a_next)[RS][4][4],
+                    unsigned short (&sc_next)[RS][2], int kt) {
       const int g = it + kt;
       const uint32_t xb = smem_s + (g % STAGES) * S::kXBytes;
       if constexpr (FOLD) {
         wgmma_arrive();
 #pragma unroll
-        for (int q = 0; q < 4; ++q) wgmma_s8<BM>(acc, a[q], sw128_desc(xb + 32 * q), (kt | q) != 0);
+        for (int rs = 0; rs < RS; ++rs)
+#pragma unroll
+          for (int q = 0; q < 4; ++q) wgmma_s8<BM>(acc[rs], a[rs][q], sw128_desc(xb + 32 * q), (kt | q) != 0);
         wgmma_commit();
         wgmma_wait<1>();
         if (kt > 0 && lane == 0) mbar_arrive(empty_bar + 8 * ((g - 1) % STAGES));
@@ -411,20 +449,23 @@ ternary_wgmma_s8_kernel(const __grid_constant__ CUtensorMap x_map,     // xq [M,
         fence_accumulators(blk);
         wgmma_arrive();
 #pragma unroll
-        for (int q = 0; q < 4; ++q) wgmma_s8<BM>(blk, a[q], sw128_desc(xb + 32 * q), q);
+        for (int q = 0; q < 4; ++q) wgmma_s8<BM>(blk, a[0][q], sw128_desc(xb + 32 * q), q);
         wgmma_commit();
         if (kt + 1 < nk) decode(a_next, sc_next, kt + 1);
         wgmma_wait<0>();
         fence_accumulators(blk);
         if (lane == 0) mbar_arrive(empty_bar + 8 * (g % STAGES));
-        const float s0 = scale_from_bits(sc[0]), s1 = scale_from_bits(sc[1]);
+        const float s0 = scale_from_bits(sc[0][0]), s1 = scale_from_bits(sc[0][1]);
 #pragma unroll
-        for (int i = 0; i < BM / 2; ++i) acc[i] = fmaf(block_sum_to_float(blk[i]), (i & 2) ? s1 : s0, acc[i]);
+        for (int i = 0; i < BM / 2; ++i) acc[0][i] = fmaf(block_sum_to_float(blk[i]), (i & 2) ? s1 : s0, acc[0][i]);
       }
     };
-    uint32_t a0[4][4], a1[4][4];
-    unsigned short sc0[2], sc1[2];
-    if constexpr (FOLD) fence_accumulators(acc);
+    uint32_t a0[RS][4][4], a1[RS][4][4];
+    unsigned short sc0[RS][2], sc1[RS][2];
+    if constexpr (FOLD) {
+#pragma unroll
+      for (int rs = 0; rs < RS; ++rs) fence_accumulators(acc[rs]);
+    }
     decode(a0, sc0, 0);
     for (int kt = 0; kt < nk; kt += 2) {
       step(a0, sc0, a1, sc1, kt);
@@ -433,7 +474,8 @@ ternary_wgmma_s8_kernel(const __grid_constant__ CUtensorMap x_map,     // xq [M,
     }
     if constexpr (FOLD) {
       wgmma_wait<0>();
-      fence_accumulators(acc);
+#pragma unroll
+      for (int rs = 0; rs < RS; ++rs) fence_accumulators(acc[rs]);
       if (lane == 0) mbar_arrive(empty_bar + 8 * ((it + nk - 1) % STAGES));
     }
     it += nk;
@@ -441,78 +483,85 @@ ternary_wgmma_s8_kernel(const __grid_constant__ CUtensorMap x_map,     // xq [M,
     int t_lo = 0, t_hi = BM;
     if constexpr (SPLIT) {
       Acc* red = reinterpret_cast<Acc*>(smem);
-      if (splits == 2) split_k_reduce<BM, STAGES, 2, kRow>(acc, red, rank, tid);
-      else if (splits == 4) split_k_reduce<BM, STAGES, 4, kRow>(acc, red, rank, tid);
-      else split_k_reduce<BM, STAGES, 8, kRow>(acc, red, rank, tid);
+      if (splits == 2) split_k_reduce<BM, STAGES, 2, kRow>(acc[0], red, rank, tid);
+      else if (splits == 4) split_k_reduce<BM, STAGES, 4, kRow>(acc[0], red, rank, tid);
+      else split_k_reduce<BM, STAGES, 8, kRow>(acc[0], red, rank, tid);
       t_lo = rank * (BM / splits), t_hi = t_lo + BM / splits;
     }
     // The next tile's first scale blocks, in flight through the epilogue.
-    const int next = tile + tile_stride, next_n0 = (next % tiles_n) * kBN;
+    const int next = tile + tile_stride, next_n0 = (next % tiles_n) * kRows;
     unsigned short next_scales[16];
-    if (next < tiles) load_scales(next_n0, tid % 2, next_scales);
+    if (RS == 1 && next < tiles) load_scales(next_n0, tid % 2, next_scales);
 
     // The output tile in shared memory as [token][W row]: acc x sx[token] + bias, rounded once, by
     // stmatrix .trans (csrc/ternary_wgmma.cu's epilogue: d[4j + 2h + e] is token 8j + 2t + e of
     // W row r0 + 8h), then written a token row at a time.
     T* out = reinterpret_cast<T*>(smem + S::kOutOff);
     using T2 = typename MmaTraits<T>::T2;
-    float bv[2], wv[2];  // the bias and (FOLD) ws of rows r0 + 8h
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int n = n0 + r0 + 8 * h;
-      bv[h] = (bias != nullptr && n < N) ? Vec<T>::to_float(bias[n]) : 0.f;
-      wv[h] = FOLD ? ws_smem[(tcount & 1) * kBN + r0 + 8 * h] : 0.f;
-    }
-    // exact: acc x sx + bias in one fma; FOLD: ((float(acc) x sx) x ws) + bias, each rounded, as
-    // activations.reference_linear_w2a8_folded
-    auto out_value = [&](Acc v, float sxv, int h) {
-      if constexpr (FOLD) return __fadd_rn(__fmul_rn(__fmul_rn(__int2float_rn(v), sxv), wv[h]), bv[h]);
-      else return fmaf(v, sxv, bv[h]);
-    };
     const int blk_id = lane / 8;
-    const uint32_t row_addr = static_cast<uint32_t>(__cvta_generic_to_shared(
-        out + (8 * (blk_id / 2) + lane % 8) * S::kOutLd + wg * 64 + warp * 16 + 8 * (blk_id % 2)));
 #pragma unroll
-    for (int j = 0; j < BM / 8; j += 2) {  // tokens 8 j .. 8 j + 15
-      if (8 * j < t_lo || 8 * j >= t_hi) continue;
-      float tx[2][2];  // sx of tokens 8 (j + jj) + 2t + e
+    for (int rs = 0; rs < RS; ++rs) {
+      float bv[2], wv[2];  // the bias and (FOLD) ws of rows rs kBN + r0 + 8h
 #pragma unroll
-      for (int jj = 0; jj < 2; ++jj)
-#pragma unroll
-        for (int e = 0; e < 2; ++e) tx[jj][e] = __ldg(sx + min(m0 + 8 * (j + jj) + 2 * t + e, M - 1));
-      uint32_t r[4];
-#pragma unroll
-      for (int q = 0; q < 4; ++q) {  // block q: tokens 8 (j + q / 2) .., W rows + 8 (q % 2)
-        const int i = 4 * (j + q / 2) + 2 * (q % 2);
-        const T2 v{Vec<T>::from_float(out_value(acc[i], tx[q / 2][0], q % 2)),
-                   Vec<T>::from_float(out_value(acc[i + 1], tx[q / 2][1], q % 2))};
-        r[q] = *reinterpret_cast<const uint32_t*>(&v);
+      for (int h = 0; h < 2; ++h) {
+        const int row = rs * kBN + r0 + 8 * h, n = n0 + row;
+        bv[h] = (bias != nullptr && n < N) ? Vec<T>::to_float(bias[n]) : 0.f;
+        wv[h] = FOLD ? ws_smem[(tcount & 1) * kRows + row] : 0.f;
       }
-      asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(
-                       row_addr + (8 * j - t_lo) * S::kOutLd * (int)sizeof(T)),
-                   "r"(r[0]), "r"(r[1]), "r"(r[2]), "r"(r[3])
-                   : "memory");
+      // exact: acc x sx + bias in one fma; FOLD: ((float(acc) x sx) x ws) + bias, each rounded, as
+      // activations.reference_linear_w2a8_folded
+      auto out_value = [&](Acc v, float sxv, int h) {
+        if constexpr (FOLD) return __fadd_rn(__fmul_rn(__fmul_rn(__int2float_rn(v), sxv), wv[h]), bv[h]);
+        else return fmaf(v, sxv, bv[h]);
+      };
+      const uint32_t row_addr = static_cast<uint32_t>(__cvta_generic_to_shared(
+          out + (8 * (blk_id / 2) + lane % 8) * S::kOutLd + rs * kBN + wg * 64 + warp * 16 + 8 * (blk_id % 2)));
+#pragma unroll
+      for (int j = 0; j < BM / 8; j += 2) {  // tokens 8 j .. 8 j + 15
+        if (8 * j < t_lo || 8 * j >= t_hi) continue;
+        float tx[2][2];  // sx of tokens 8 (j + jj) + 2t + e
+#pragma unroll
+        for (int jj = 0; jj < 2; ++jj)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) tx[jj][e] = __ldg(sx + min(m0 + 8 * (j + jj) + 2 * t + e, M - 1));
+        uint32_t r[4];
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {  // block q: tokens 8 (j + q / 2) .., W rows + 8 (q % 2)
+          const int i = 4 * (j + q / 2) + 2 * (q % 2);
+          const T2 v{Vec<T>::from_float(out_value(acc[rs][i], tx[q / 2][0], q % 2)),
+                     Vec<T>::from_float(out_value(acc[rs][i + 1], tx[q / 2][1], q % 2))};
+          r[q] = *reinterpret_cast<const uint32_t*>(&v);
+        }
+        asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(
+                         row_addr + (8 * j - t_lo) * S::kOutLd * (int)sizeof(T)),
+                     "r"(r[0]), "r"(r[1]), "r"(r[2]), "r"(r[3])
+                     : "memory");
+      }
     }
     mma_sync();
-    store_tile<T, BM, kBN>(out, S::kOutLd, y, min(M, m0 + t_hi), N, m0 + t_lo, n0, tid, kMmaThreads);
+    store_tile<T, BM, kRows>(out, S::kOutLd, y, min(M, m0 + t_hi), N, m0 + t_lo, n0, tid, kMmaThreads);
     if (next < tiles) {
-      store_scales(tid % 2, next_scales, scale_buffer(tcount + 1));
-      rest_of_scales(next_n0, scale_buffer(tcount + 1));
-      fold_scales(scale_buffer(tcount + 1), ws_smem + ((tcount + 1) & 1) * kBN);
+      if constexpr (RS == 2) {
+        stage_folded_int8(next_n0, (tcount + 1) & 1);
+      } else {
+        store_scales(tid % 2, next_scales, scale_buffer(tcount + 1));
+        rest_of_scales(next_n0, scale_buffer(tcount + 1));
+        fold_scales(scale_buffer(tcount + 1), ws_smem + ((tcount + 1) & 1) * kBN);
+      }
     }
     mma_sync();  // the next tile's scales stored, this one's output read: both buffers free to reuse
   }
 #endif  // other targets: never launched (the host checks for an sm_90 device)
 }
 
-template <typename T, int STAGES, int BM, bool SPLIT, bool FOLD>
+template <typename T, int STAGES, int BM, bool SPLIT, bool FOLD, int RS = 1>
 cudaError_t prepare_s8_kernel() {
   static int smem_set[kMaxDevices] = {};
-  return opt_in_shared_memory(ternary_wgmma_s8_kernel<T, STAGES, BM, SPLIT, FOLD>, S8Shape<STAGES, BM>::kSmemBytes,
-                              smem_set);
+  return opt_in_shared_memory(ternary_wgmma_s8_kernel<T, STAGES, BM, SPLIT, FOLD, RS>,
+                              S8Shape<STAGES, BM, RS>::kSmemBytes, smem_set);
 }
 
-long s8_tile_count(int M, int N, int bm) { return (long)((N + kBN - 1) / kBN) * ((M + bm - 1) / bm); }
+long s8_tile_count(int M, int N, int bm, int rows = kBN) { return (long)((N + rows - 1) / rows) * ((M + bm - 1) / bm); }
 
 // CTAs of the BM-token kernel that run at once in clusters of `splits` (<= 0 where not asked)
 template <int BM>
@@ -520,7 +569,7 @@ int s8_cluster_wave(int splits) {
   constexpr int STAGES = kS8StagesOf<BM>;
   static int cached[3][kMaxDevices] = {};
   return per_device(cached[split_slot(splits)], [&](int) {
-    auto kernel = ternary_wgmma_s8_kernel<__nv_bfloat16, STAGES, BM, true, false>;
+    auto kernel = ternary_wgmma_s8_kernel<__nv_bfloat16, STAGES, BM, true, false, 1>;
     if (prepare_s8_kernel<__nv_bfloat16, STAGES, BM, true, false>() != cudaSuccess) return -1;
     cudaLaunchAttribute attr;
     const cudaLaunchConfig_t cfg =
@@ -531,17 +580,20 @@ int s8_cluster_wave(int splits) {
   });
 }
 
-template <typename T, int BM, bool FOLD>
+template <typename T, int BM, bool FOLD, int RS = 1>
 cudaError_t launch_s8_t(const int8_t* xq, const float* sx, const uint8_t* packed, const __half* scale,
                         const void* bias, void* y, int M, int N, int Kp, int ldp, int lds, int block_size,
                         int k_offset, int splits, cudaStream_t stream) {
-  constexpr int STAGES = kS8StagesOf<BM>;
-  auto kernel = splits > 1 ? ternary_wgmma_s8_kernel<T, STAGES, BM, true, FOLD>
-                           : ternary_wgmma_s8_kernel<T, STAGES, BM, false, FOLD>;
-  if (const cudaError_t err = splits > 1 ? prepare_s8_kernel<T, STAGES, BM, true, FOLD>()
-                                         : prepare_s8_kernel<T, STAGES, BM, false, FOLD>();
+  constexpr int STAGES = kS8StagesOf<BM, RS>;
+  constexpr int kRows = S8Shape<STAGES, BM, RS>::kRows;
+  constexpr bool kCanSplit = RS == 1;  // 256-row tiles run persistent only
+  auto kernel = splits > 1 && kCanSplit ? ternary_wgmma_s8_kernel<T, STAGES, BM, kCanSplit, FOLD, RS>
+                                        : ternary_wgmma_s8_kernel<T, STAGES, BM, false, FOLD, RS>;
+  if (const cudaError_t err = splits > 1 && kCanSplit ? prepare_s8_kernel<T, STAGES, BM, kCanSplit, FOLD, RS>()
+                                                      : prepare_s8_kernel<T, STAGES, BM, false, FOLD, RS>();
       err != cudaSuccess)
     return err;
+  if (splits > 1 && !kCanSplit) return cudaErrorInvalidValue;
   const auto encode = tensor_map_encoder();
   if (encode == nullptr) return cudaErrorNotSupported;
   CUtensorMap x_map, code_map;
@@ -552,15 +604,16 @@ cudaError_t launch_s8_t(const int8_t* xq, const float* sx, const uint8_t* packed
              CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS)
     return cudaErrorInvalidValue;
   const cuuint64_t cdims[2] = {(cuuint64_t)ldp, (cuuint64_t)N}, cstrides[1] = {(cuuint64_t)ldp};
-  const cuuint32_t cbox[2] = {kCodeRow, kBN};
+  const cuuint32_t cbox[2] = {kCodeRow, kRows};
   if (encode(&code_map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, const_cast<uint8_t*>(packed), cdims, cstrides, cbox, unit,
              CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
              CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS)
     return cudaErrorInvalidValue;
   const unsigned grid = splits > 1 ? (unsigned)(s8_tile_count(M, N, BM) * splits)
-                                   : (unsigned)std::min<long>(s8_tile_count(M, N, BM), std::max(sm_count(), 1));
+                                   : (unsigned)std::min<long>(s8_tile_count(M, N, BM, kRows), std::max(sm_count(), 1));
   cudaLaunchAttribute attr;
-  const cudaLaunchConfig_t cfg = cluster_launch_config(grid, splits, S8Shape<STAGES, BM>::kSmemBytes, stream, attr);
+  const cudaLaunchConfig_t cfg =
+      cluster_launch_config(grid, splits, S8Shape<STAGES, BM, RS>::kSmemBytes, stream, attr);
   return cudaLaunchKernelEx(&cfg, kernel, x_map, code_map, sx, scale, static_cast<const T*>(bias), static_cast<T*>(y),
                             M, N, Kp, lds, block_size, k_offset, splits);
 }
@@ -573,13 +626,22 @@ cudaError_t launch_s8_t(const int8_t* xq, const float* sx, const uint8_t* packed
 // the tensor rate: ~ the bf16 kernel's 64-weight k-step at 128 tokens).
 constexpr double kS8StepUs[2] = {0.45, 0.55};         // [64, 128 tokens]
 constexpr double kS8SplitUs[3] = {1.84, 3.08, 3.87};  // 2, 4, 8 CTAs
+// A k-step of a 256-row tile (folded scales, 128 tokens): twice the products of a 128-row one
+// from the same activation tile; a first estimate (the 128-row folded k-step ran ~0.6 us on 8B
+// shapes, bound by the activation traffic the 256-row tile halves: notes, v18).
+constexpr double kS8WideStepUs = 0.75;
 
-S8Tiling choose_s8_tiling(int M, int N, int K, int k_split) {
+S8Tiling choose_s8_tiling(int M, int N, int K, int k_split, bool fold, int rows) {
   const int steps = (K + kBK - 1) / kBK;
   const long sms = std::max(sm_count(), 1);
-  if (k_split > steps) return {0, 0};
-  S8Tiling best{0, 0};
+  if (k_split > steps) return {0, 0, 0};
+  if (rows == 2 * kBN) return fold && k_split <= 1 ? S8Tiling{128, 1, rows} : S8Tiling{0, 0, 0};
+  S8Tiling best{0, 0, kBN};
   double best_us = 0;
+  if (fold && rows == 0 && k_split <= 1 && M > 64) {  // 256 W rows x 128 tokens, persistent
+    best = {128, 1, 2 * kBN};
+    best_us = (double)steps * ((s8_tile_count(M, N, 128, 2 * kBN) + sms - 1) / sms) * kS8WideStepUs;
+  }
   for (int bm : {64, 128}) {
     if (bm == 64 && M > 64) continue;  // 64-token tiles only where they hold all of M
     const long tiles = s8_tile_count(M, N, bm);
@@ -595,7 +657,7 @@ S8Tiling choose_s8_tiling(int M, int N, int K, int k_split) {
         if (k_split == 0 && (wave <= 0 || tiles * s > wave)) continue;
         us = (double)((steps + s - 1) / s) * step_us + kS8SplitUs[split_slot(s)];
       }
-      if (best.tokens == 0 || us < best_us) best = {bm, s}, best_us = us;
+      if (best.tokens == 0 || us < best_us) best = {bm, s, kBN}, best_us = us;
     }
   }
   return best;
@@ -623,10 +685,15 @@ cudaError_t launch_quantize_s8(bool bf16, const void* x, int8_t* xq, float* sx, 
 
 cudaError_t launch_wgmma_s8(bool bf16, const int8_t* xq, const float* sx, const uint8_t* packed, const __half* scale,
                             const void* bias, void* y, int M, int N, int Kp, int ldp, int lds, int block_size,
-                            int k_offset, int k_split, bool fold, cudaStream_t stream) {
+                            int k_offset, int k_split, bool fold, int rows, cudaStream_t stream) {
   if (!wgmma_supported()) return cudaErrorNotSupported;
-  const S8Tiling tiling = choose_s8_tiling(M, N, Kp, k_split);
+  const S8Tiling tiling = choose_s8_tiling(M, N, Kp, k_split, fold, rows);
   if (tiling.tokens == 0) return cudaErrorInvalidValue;
+  if (tiling.rows == 2 * kBN)
+    return bf16 ? launch_s8_t<__nv_bfloat16, 128, true, 2>(xq, sx, packed, scale, bias, y, M, N, Kp, ldp, lds,
+                                                           block_size, k_offset, 1, stream)
+                : launch_s8_t<__half, 128, true, 2>(xq, sx, packed, scale, bias, y, M, N, Kp, ldp, lds, block_size,
+                                                    k_offset, 1, stream);
 #define TERNARY_LAUNCH(T, BM) \
   (fold ? launch_s8_t<T, BM, true>(xq, sx, packed, scale, bias, y, M, N, Kp, ldp, lds, block_size, k_offset, \
                                    tiling.splits, stream)                                                     \

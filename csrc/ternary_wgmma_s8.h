@@ -14,12 +14,13 @@ constexpr int kS8StepK = 128;
 constexpr int kS8MaxScaleCols = 96;
 
 struct S8Tiling {
-  int tokens, splits;
+  int tokens, splits, rows;  // rows: W rows a tile, 128 or 256 (folded scales only, no split)
 };
 
-// The tiling for an M x N x K product (k_split 1, 2, 4, 8 as given, 0 = chosen); {0, 0} where a
-// given k_split exceeds K's k-steps.
-S8Tiling choose_s8_tiling(int M, int N, int K, int k_split);
+// The tiling for an M x N x K product (k_split 1, 2, 4, 8 as given, 0 = chosen; rows 128 or 256
+// as given, 0 = chosen); {0, 0, 0} where a given k_split exceeds K's k-steps or 256 rows are asked
+// without fold or with a split.
+S8Tiling choose_s8_tiling(int M, int N, int K, int k_split, bool fold, int rows);
 
 // xq [M, ldq] int8 and sx [M] fp32 from x [M, K] bf16/fp16 (activations.quantize_activations_int8's
 // numerics); permute: the GEMM's layout (columns permuted per 128-block, ldq = round_up(K, 128)).
@@ -32,7 +33,7 @@ cudaError_t launch_quantize_s8(bool bf16, const void* x, int8_t* xq, float* sx, 
 // else exact per-block scales (reference_linear_w2a8's, fp32 promotion a block).
 cudaError_t launch_wgmma_s8(bool bf16, const int8_t* xq, const float* sx, const uint8_t* packed, const __half* scale,
                             const void* bias, void* y, int M, int N, int Kp, int ldp, int lds, int block_size,
-                            int k_offset, int k_split, bool fold, cudaStream_t stream);
+                            int k_offset, int k_split, bool fold, int rows, cudaStream_t stream);
 
 
 }  // namespace ternary

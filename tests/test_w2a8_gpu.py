@@ -158,6 +158,25 @@ def test_folded_kernel_is_the_folded_formula_bit_for_bit(m, n, k, k_offset, bs, 
     assert _rel(y, _formula(x, packed, scale, b, bs, k_offset)) < 2e-2, reason
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("m,n,k,k_offset,bs,reason", SHAPES, ids=[s[-1] for s in SHAPES])
+def test_256_row_tiles_are_the_folded_formula_bit_for_bit(m, n, k, k_offset, bs, reason, dtype):
+    """rows=256: each activation tile feeds 256 W rows (two row sets a warpgroup), the tile's
+    scales folded straight from global memory into int8: the same numbers as the 128-row tiles."""
+    x, packed, scale, bias = _case(m, n, k, k_offset, bs, dtype, seed=m * 1000 + n + k + 13)
+    scale = _signed_scales(scale, seed=m + n + 1)
+    _poison_allocator(m * n * 2)
+    y = torch.ops.ternary_serve.gemm_w2a8_path(x.cuda(), packed.cuda(), scale.cuda(), bias.cuda(), bs, k_offset,
+                                                fold=True, rows=256)
+    torch.cuda.synchronize()
+    assert bool(torch.isfinite(y).all()), f"{reason}: unwritten (NaN-poisoned) or non-finite output"
+    ref = reference_linear_w2a8_folded(x, packed, scale, bias, bs, k_offset)
+    bad = (y.cpu() != ref).sum().item()
+    assert bad == 0, f"{reason}: {bad} of {m * n} outputs differ from the folded formula"
+    assert torch.equal(y, torch.ops.ternary_serve.gemm_w2a8_path(x.cuda(), packed.cuda(), scale.cuda(), bias.cuda(),
+                                                                  bs, k_offset, fold=True, rows=128))
+
+
 @pytest.mark.parametrize("k_split", [1, 2, 4, 8])
 @pytest.mark.parametrize("m", [64, 200])
 def test_every_split_of_the_folded_kernel_is_exact(m, k_split):
@@ -222,6 +241,10 @@ def test_bad_inputs_name_what_is_wrong():
     with pytest.raises(RuntimeError, match="padded to 16 bytes"):
         torch.ops.ternary_serve.gemm_w2a8_path(x250.cuda(), packed250[:, :63].contiguous().cuda(), scale250.cuda(),
                                                 None, 128, 0)
+    with pytest.raises(RuntimeError, match="256 needs fold=True"):
+        torch.ops.ternary_serve.gemm_w2a8_path(x, packed, scale, None, 128, 0, rows=256)
+    with pytest.raises(RuntimeError, match="rows must be 0"):
+        torch.ops.ternary_serve.gemm_w2a8_path(x, packed, scale, None, 128, 0, fold=True, rows=64)
     with pytest.raises(RuntimeError, match="k_split must be 0"):
         torch.ops.ternary_serve.gemm_w2a8_path(x, packed, scale, None, 128, 0, k_split=3)
     with pytest.raises(RuntimeError, match="x must be a contiguous 2-D bf16 or fp16"):
