@@ -627,9 +627,10 @@ cudaError_t launch_s8_t(const int8_t* xq, const float* sx, const uint8_t* packed
 constexpr double kS8StepUs[2] = {0.45, 0.55};         // [64, 128 tokens]
 constexpr double kS8SplitUs[3] = {1.84, 3.08, 3.87};  // 2, 4, 8 CTAs
 // A k-step of a 256-row tile (folded scales, 128 tokens): twice the products of a 128-row one
-// from the same activation tile; a first estimate (the 128-row folded k-step ran ~0.6 us on 8B
-// shapes, bound by the activation traffic the 256-row tile halves: notes, v18).
-constexpr double kS8WideStepUs = 0.75;
+// from the same activation tile, measured at 1.54x its time (8B gate_up M 16384 on the H100,
+// s8-fold-h100.md: 1.03 against 0.67 us a k-step and wave); with the waves counted this picks the
+// faster of the two on all 32 (layer, M >= 256) points of that run (8B and 0.6B shapes).
+constexpr double kS8WideStepUs = 0.85;
 
 S8Tiling choose_s8_tiling(int M, int N, int K, int k_split, bool fold, int rows) {
   const int steps = (K + kBK - 1) / kBK;

@@ -89,16 +89,16 @@ def main(argv=None) -> int:
                 xs = [torch.randn(m, k, device="cuda", generator=g).to(torch.bfloat16) for _ in range(min(copies, 4))]
                 row = {"model": model, "layer": layer, "M": m, "K": k, "N": n}
                 exact = reference_linear_w2a8(xs[0], packs[0], scales[0], None, 128).double()
-                for fold, rows, key in ((False, 128, "ours_w2a8"), (True, 128, "ours_w2a8_folded"),
-                                        (True, 256, "ours_w2a8_folded_256")):
-                    y = s8(xs[0], packs[0], scales[0], None, 128, 0, fold=fold, rows=rows)
+                for fold, tile_rows, key in ((False, 128, "ours_w2a8"), (True, 128, "ours_w2a8_folded"),
+                                             (True, 256, "ours_w2a8_folded_256")):
+                    y = s8(xs[0], packs[0], scales[0], None, 128, 0, fold=fold, rows=tile_rows)
                     ref = (reference_linear_w2a8_folded(xs[0], packs[0], scales[0], None, 128).double() if fold
                            else exact)
                     row[key + "_rel_err_vs_formula"] = float(f"{float((y.double() - ref).norm() / ref.norm()):.3e}")
                     if fold:
                         row[key + "_rel_err_vs_exact"] = float(
                             f"{float((y.double() - exact).norm() / exact.norm()):.3e}")
-                    row[key + "_us"] = round(time_graph([lambda i=i, fold=fold, rows=rows: s8(
+                    row[key + "_us"] = round(time_graph([lambda i=i, fold=fold, rows=tile_rows: s8(
                         xs[i % len(xs)], packs[i], scales[i], None, 128, 0, fold=fold, rows=rows)
                         for i in range(copies)], 20), 3)
                 row["cublas_bf16_us"] = round(time_graph([lambda i=i: torch.mm(xs[i % len(xs)], ws[i].t())
