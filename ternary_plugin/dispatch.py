@@ -335,11 +335,12 @@ def plan(call: Call, dev: Device, layout: str = "ternary", lim: dict[str, int] |
 # The int8-activation mode (activation_dtype int8, per-token scales): first row that holds.
 W2A8_BANDS: tuple[Band, ...] = (
     Band("Q1", "the layer holds the ternary layout only; compute capability 9.0; block_size, k_offset multiples of "
-               "128", WGMMA_S8, "wgmma s8, 64/128 tokens, persistent or split 2-8 ways along K; block scales folded "
-                      "into the int8 weights (TERNARY_W2A8_FOLD)",
+               "128", WGMMA_S8, "wgmma s8, 64/128 tokens x 128 W rows, persistent or split 2-8 ways along K; block "
+                      "scales folded into the int8 weights (TERNARY_W2A8_FOLD), then also 128 tokens x 256 W rows "
+                      "where those tiles fill the GPU (the kernel's cost model)",
          "the int8 tensor cores at twice the bf16 rate (kernel-h200.md, W2A8 columns); folded, per 8B decoder layer "
-         "1.04-1.30x the exact-scale kernel at M 1-16384 and 0.98-1.19x cuBLAS bf16 from M 256 (H100, "
-         "s8-fold-h100.md)",
+         "1.04-1.30x the exact-scale kernel, and with 256-row tiles 1.07/1.16/1.38x cuBLAS bf16 at M 1024/4096/16384 "
+         "(H100, s8-fold-h100.md)",
          lambda c, d, l, layout: layout == "ternary" and d.hopper and wgmma_s8_aligned(c)),
     Band("Q2", "the layer holds both layouts (no Humming tiles measured for it on this GPU: plan_layout); "
                "compute capability 9.0, same alignment, M x N >= TERNARY_W2A8_WGMMA_MIN_MN (6144 x 16384)",
