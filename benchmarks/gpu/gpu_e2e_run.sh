@@ -9,6 +9,7 @@
 #   bash benchmarks/gpu/gpu_e2e_run.sh setup w2a8          # build, the s8 kernel's tests + memcheck, bench_band.py
 #   bash benchmarks/gpu/gpu_e2e_run.sh setup tiles         # build, Humming's tests with the measured tiles, bench_band.py
 #   bash benchmarks/gpu/gpu_e2e_run.sh wgmma               # the wgmma kernel's tests, memcheck, bench at M >= 64
+#   bash benchmarks/gpu/gpu_e2e_run.sh setup profile_s8    # ncu on the folded s8 kernel, 128 and 256 rows (carry .whl)
 #   bash benchmarks/gpu/gpu_e2e_run.sh setup w2a8_fold     # the s8 kernel exact and folded: tests, memcheck, timed
 #                                                   # against cuBLAS (s8_quick.py; carry .whl only)
 #   ORDER="mma floor" bash benchmarks/probes/run_probes.sh  # kernels alone, outside torch (seconds; no setup)
@@ -281,6 +282,35 @@ EOF2
 }
 NCU_SECTIONS="--section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
   --section MemoryWorkloadAnalysis --section SchedulerStats"
+
+# Nsight Compute on the s8 kernel, folded scales, 128- and 256-row tiles (S8_CASES name:K:N:M,
+# default 8B gate_up at M 4096): where a k-step's time goes (notes, v18). Reports come back in $OUT.
+stage_profile_s8() {
+  local case name k n m rows
+  for case in ${S8_CASES:-gate_up:4096:24576:4096}; do
+    IFS=: read -r name k n m <<< "$case"
+    for rows in 128 256; do
+      # shellcheck disable=SC2086  # the sections are separate words
+      timeout 150 ncu --clock-control none -k "regex:ternary_wgmma_s8_kernel" --launch-skip 3 --launch-count 1 \
+        $NCU_SECTIONS --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis_Tables \
+        python3 - "$m" "$k" "$n" "$rows" > "$OUT/ncu-s8-$name-m$m-rows$rows.txt" 2>&1 <<'EOF2'
+import sys, torch
+from ternary_plugin import format as fmt, ops
+assert ops.op_available(), ops._state
+m, k, n, rows = (int(a) for a in sys.argv[1:5])
+packed = ops.pad_packed_rows(fmt.pack_ternary(torch.randint(-1, 2, (n, k), dtype=torch.int8))).cuda()
+scale = (torch.rand(n, fmt.scale_cols(k, 128)) * 0.05 + 0.01).half().cuda()
+x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
+for _ in range(5):
+    torch.ops.ternary_serve.gemm_w2a8_path(x, packed, scale, None, 128, 0, fold=True, rows=rows)
+torch.cuda.synchronize()
+EOF2
+      echo "--- ncu s8 $name M=$m rows=$rows"
+      grep -E "Duration|Memory Throughput|DRAM Throughput|Compute \(SM\) Throughput|L2 Hit|L1/TEX Hit|Executed Ipc A|Issue Slots Busy|Warp Cycles Per Issued|No Eligible|Max Bandwidth|Mem Busy|L2 Cache Throughput|lts__t" \
+        "$OUT/ncu-s8-$name-m$m-rows$rows.txt" | head -30
+    done
+  done
+}
 
 stage_profile() {  # the tensor-core kernel: gate_up (K 1024, N 6144) at M 1 and 16, and down (K 3072,
   # N 1024) at M 1, where the auto split-K runs 3-CTA clusters
