@@ -160,12 +160,16 @@ def _humming(row: dict, mode: str) -> float | None:
     return tiled if tiled is not None else row[f"humming_{mode}_us"]
 
 
-def op_pick(row: dict, dev) -> tuple[str, float | None]:
-    """What the op runs for the row's layer at its M and its time: on Humming's layout band HG
-    (humming_gemv, where timed) or Humming's kernel, else this repository's kernel of the row."""
+def op_pick(row: dict, dev, layout: str | None = None) -> tuple[str, float | None]:
+    """What the op runs for the row's layer at its M and its time, on the row's layout (or
+    ``layout``): on Humming's layout band HG (humming_gemv, where timed) or Humming's kernel, on both
+    layouts band H2's pick, else this repository's kernel of the row."""
     from ternary_plugin import dispatch
 
-    if row.get("layout") != "humming":
+    layout = layout or row.get("layout")
+    if layout == "both":
+        return row.get("both_backend", "both"), row.get("both_us")
+    if layout != "humming":
         return f"ternary: {row['ours_kernel']}", row["ours_us"]
     pick = dispatch.plan(dispatch.Call(row["M"], row["N"], row["K"]), dev, "humming")
     if pick.kernel == dispatch.HUMMING_GEMV and row.get("humming_gemv_us") is not None:
@@ -199,7 +203,9 @@ def derive_w2a8(row: dict, dev, humming_ok: bool) -> None:
     # the s8 kernel as TERNARY_W2A8_FOLD runs it (results from before the folded kernel: the exact one)
     folded = row.get("ours_w2a8_folded_us")
     ours = folded if dispatch.limits()["TERNARY_W2A8_FOLD"] and folded is not None else row.get("ours_w2a8_us")
-    row["ternary_w2a8_us"] = {"humming": _humming(row, "w2a8"), "ternary": ours}.get(pick8)
+    # band QB runs the bf16-activation op on the layer's W2A8 layout
+    bf16_op = op_pick(row, dev, layout8)[1] if pick8 == "bf16" else None
+    row["ternary_w2a8_us"] = {"humming": _humming(row, "w2a8"), "ternary": ours, "bf16": bf16_op}.get(pick8)
 
 
 def derive(path: Path) -> None:

@@ -31,8 +31,11 @@ GEMV, MMA, DEQUANT, TILED, WGMMA = 1, 2, 3, 4, 5
 WGMMA_S8, W2A8_REFERENCE = 6, 7
 # This repository's small-M kernel over Humming's tensors (its own op, humming_gemv)
 HUMMING_GEMV = 8
+# The int8-activation mode at small M on a GPU: the bf16-activation op itself (gemm, bands 1-9/HG/H)
+W2A8_BF16 = 9
 KERNEL_NAMES = {GEMV: "gemv", MMA: "mma.sync", DEQUANT: "dequantize + cuBLAS", TILED: "tiled", WGMMA: "wgmma",
-                WGMMA_S8: "wgmma s8", W2A8_REFERENCE: "W2A8 reference", HUMMING_GEMV: "mma.sync on Humming's layout"}
+                WGMMA_S8: "wgmma s8", W2A8_REFERENCE: "W2A8 reference", HUMMING_GEMV: "mma.sync on Humming's layout",
+                W2A8_BF16: "the bf16-activation op"}
 
 # The tensor-core kernel's 8-warp CTAs (16 W rows x 32 tokens) resident per SM: 119 registers a
 # thread in the sm_90a build (ptxas report), 2 CTAs an SM on the H200. The one-wave rule below uses
@@ -74,6 +77,11 @@ LIMITS: tuple[Limit, ...] = (
           "int8 activations on Hopper: smallest M x N that takes this repository's s8 wgmma kernel on a layer that "
           "also holds Humming's layout, Humming's int2 x int8 below (band Q2; 1: ours at every M, no Humming layout; "
           "0: Humming at every M)"),
+    Limit("TERNARY_W2A8_BF16_MAX_M", 8,
+          "int8 activations on a GPU: largest M that runs the bf16-activation op instead, faster there and exact "
+          "in its activations (band QB; 0: never)"),
+    Limit("TERNARY_W2A8_BF16_TERNARY_MAX_M", 64,
+          "the same on a layer holding the ternary layout only (band QB; 0: never)"),
     Limit("TERNARY_W2A8_FOLD", 1,
           "int8 activations on this repository's s8 wgmma kernel (bands Q1, Q2): 1 folds each weight row's block "
           "scales into its int8 weights (one int32 dot over K, activations.reference_linear_w2a8_folded), 0 keeps "
@@ -146,7 +154,7 @@ class Call:
 
 @dataclasses.dataclass(frozen=True)
 class Choice:
-    backend: Literal["ternary", "humming", "reference"]
+    backend: Literal["ternary", "humming", "reference", "bf16"]
     kernel: int  # gemm_path's path; 0 for Humming
     band: str
     k_unit: int = 0  # the tensor-core kernel's unit (0: its auto)
@@ -334,6 +342,14 @@ def plan(call: Call, dev: Device, layout: str = "ternary", lim: dict[str, int] |
 
 # The int8-activation mode (activation_dtype int8, per-token scales): first row that holds.
 W2A8_BANDS: tuple[Band, ...] = (
+    Band("QB", "M <= TERNARY_W2A8_BF16_MAX_M (8), or M <= TERNARY_W2A8_BF16_TERNARY_MAX_M (64) on a layer holding "
+               "the ternary layout only", W2A8_BF16, "the bf16-activation op (its bands 1-9, HG, H): no int8 "
+               "quantization at all",
+         "where the int8 kernels lose to it, per decoder layer on the H200 (kernel-h200-hg.md): 8B 46.5/49.5 us at "
+         "M 1/4 against W2A8's 57.6/58.4 (Humming's layout; from M 16 W2A8 wins, 62.6 vs 70.9); 0.6B (ternary "
+         "layout) 13.5/14.0/17.4/26.1/30.6 us at M 1/4/16/32/64 against 30.8/31.5/33.1/33.1/35.4",
+         lambda c, d, l, layout: (c.m <= l["TERNARY_W2A8_BF16_MAX_M"]
+                                  or (layout == "ternary" and c.m <= l["TERNARY_W2A8_BF16_TERNARY_MAX_M"]))),
     Band("Q1", "the layer holds the ternary layout only; compute capability 9.0; block_size, k_offset multiples of "
                "128", WGMMA_S8, "wgmma s8, 64/128 tokens x 128 W rows, persistent or split 2-8 ways along K; block "
                       "scales folded into the int8 weights (TERNARY_W2A8_FOLD), then also 128 tokens x 256 W rows "
@@ -365,10 +381,11 @@ W2A8_BANDS: tuple[Band, ...] = (
 # H200 0.70-0.83x cuBLAS bf16 on 8B shapes and 0.50-0.78x on 0.6B shapes at M 1-256, where Humming's
 # int2 x int8 does 58-148 us against ours 144-218 on 8B (kernel-h200.md, ours_w2a8_us).
 W2A8_WITHOUT_HUMMING = (
-    "int8 activations without humming-kernels: this repository's s8 wgmma kernel (band Q1) serves every M, and "
-    "below ~M 256 it is slower than cuBLAS bf16 and than the bf16-activation mode (per 8B decoder layer on the "
-    "H200 0.70-0.83x cuBLAS at M 1-128, Humming's int2 x int8 1.15-2.04x; benchmarks/results/kernel-h200.md): "
-    "install humming-kernels (ternary-serve's gpu extra) where batches are small")
+    "int8 activations without humming-kernels: this repository's s8 wgmma kernel (band Q1) serves every M past "
+    "band QB's (the bf16-activation op), and up to ~M 256 it is slower than cuBLAS bf16 and than the "
+    "bf16-activation mode (per 8B decoder layer on the H200 0.70-0.83x cuBLAS at M 1-128, Humming's int2 x int8 "
+    "1.15-2.04x; benchmarks/results/kernel-h200.md): install humming-kernels (ternary-serve's gpu extra) where "
+    "batches are small")
 
 
 def w2a8_advice(dev: Device, layout: str, w2a8: bool, humming_importable: bool) -> str | None:
@@ -383,7 +400,8 @@ def plan_w2a8(call: Call, dev: Device, layout: str = "ternary", lim: dict[str, i
     lim = lim if lim is not None else limits()
     for band in W2A8_BANDS:
         if band.when(call, dev, lim, layout):
-            backend = "humming" if band.kernel == 0 else "reference" if band.kernel == W2A8_REFERENCE else "ternary"
+            backend = ("humming" if band.kernel == 0 else "reference" if band.kernel == W2A8_REFERENCE
+                       else "bf16" if band.kernel == W2A8_BF16 else "ternary")
             return Choice(backend, band.kernel, band.name)
     raise AssertionError("the last band takes everything")
 

@@ -306,6 +306,8 @@ def _register_cuda_gemm() -> None:
         def gemm_w2a8_cuda(x, packed, scale, bias, block_size, k_offset):
             hl = humming_backend.attached(packed)
             choice = cuda_plan(x, packed, block_size, k_offset, hl[1] if hl is not None else "ternary", w2a8=True)
+            if choice.backend == "bf16":  # band QB: small M, where the bf16-activation op is the faster
+                return gemm_cuda(x, packed, scale, bias, block_size, k_offset)
             if choice.backend == "ternary":  # this repository's s8 wgmma kernel
                 return torch.ops.ternary_serve.gemm_w2a8_path(x, packed, scale, bias, block_size, k_offset,
                                                               fold=w2a8_folds())

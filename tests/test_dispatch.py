@@ -187,7 +187,17 @@ def test_int8_activations_take_our_s8_kernel_on_hopper_and_hummings_elsewhere():
         c = d.plan_w2a8(d.Call(m, n, 4096, **call), dev, layout, lim=lim)
         return c.kernel_name, c.band, c.backend
 
-    assert w2a8(1, "ternary") == ("wgmma s8", "Q1", "ternary")
+    # band QB: small M runs the bf16-activation op, up to 8 on any layout and 64 on the ternary one
+    assert w2a8(1, "ternary") == ("the bf16-activation op", "QB", "bf16")
+    assert w2a8(64, "ternary") == ("the bf16-activation op", "QB", "bf16")
+    assert w2a8(64, "ternary", dev=a100) == ("the bf16-activation op", "QB", "bf16")
+    assert w2a8(8, "humming") == ("the bf16-activation op", "QB", "bf16")
+    assert w2a8(9, "humming") == ("humming int2", "QH", "humming")
+    assert w2a8(8, "both", n=24576) == ("the bf16-activation op", "QB", "bf16")
+    assert w2a8(65, "ternary") == ("wgmma s8", "Q1", "ternary")
+    off = {**LIM, "TERNARY_W2A8_BF16_MAX_M": 0, "TERNARY_W2A8_BF16_TERNARY_MAX_M": 0}
+    assert w2a8(1, "ternary", lim=off) == ("wgmma s8", "Q1", "ternary")
+    assert w2a8(1, "humming", lim=off) == ("humming int2", "QH", "humming")
     assert w2a8(16384, "ternary") == ("wgmma s8", "Q1", "ternary")
     assert w2a8(4095, "both", n=24576) == ("humming int2", "QH", "humming")
     assert w2a8(4096, "both", n=24576) == ("wgmma s8", "Q2", "ternary")
@@ -196,13 +206,13 @@ def test_int8_activations_take_our_s8_kernel_on_hopper_and_hummings_elsewhere():
     assert w2a8(16384, "both", n=24576, lim={**LIM, "TERNARY_W2A8_WGMMA_MIN_MN": 0}) == ("humming int2", "QH",
                                                                                          "humming")
     assert w2a8(64, "humming") == ("humming int2", "QH", "humming")
-    assert w2a8(64, "ternary", dev=a100) == ("W2A8 reference", "QR", "reference")
-    assert w2a8(64, "ternary", k_offset=64) == ("W2A8 reference", "QR", "reference")
-    assert w2a8(64, "ternary", block_size=256, k_offset=128) == ("wgmma s8", "Q1", "ternary")
-    assert w2a8(64, "ternary", rows_padded16=False) == ("W2A8 reference", "QR", "reference")
+    assert w2a8(65, "ternary", dev=a100) == ("W2A8 reference", "QR", "reference")
+    assert w2a8(65, "ternary", k_offset=64) == ("W2A8 reference", "QR", "reference")
+    assert w2a8(65, "ternary", block_size=256, k_offset=128) == ("wgmma s8", "Q1", "ternary")
+    assert w2a8(65, "ternary", rows_padded16=False) == ("W2A8 reference", "QR", "reference")
     # a row's scale blocks in the kernel's shared memory: 96 (K 12288, 8B's down_proj), not 97
-    assert d.plan_w2a8(d.Call(64, 4096, 12288), H200, "ternary", lim=LIM).band == "Q1"
-    assert d.plan_w2a8(d.Call(64, 4096, 12289), H200, "ternary", lim=LIM).band == "QR"
+    assert d.plan_w2a8(d.Call(65, 4096, 12288), H200, "ternary", lim=LIM).band == "Q1"
+    assert d.plan_w2a8(d.Call(65, 4096, 12289), H200, "ternary", lim=LIM).band == "QR"
     assert "wgmma s8 (Q1)" in d.describe(4096, 4096, H200, "ternary", w2a8=True)
 
 
