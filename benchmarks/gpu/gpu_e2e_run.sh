@@ -236,7 +236,7 @@ stage_w2a8_fold() {
     > "$OUT/memcheck_w2a8.log" 2>&1
   tail -3 "$OUT/memcheck_w2a8.log"
   timeout ${FOLD_TIMEOUT:-220} python3 benchmarks/probes/s8_quick.py --models 8B 0.6B \
-    --ms ${FOLD_MS:-1 16 64 256 1024 4096 16384} --json "$OUT/s8-fold-h200.json" > "$LOGS/s8_fold.log" 2>&1
+    --ms ${FOLD_MS:-1 16 64 256 1024 4096 16384} --json "$OUT/s8-fold.json" > "$LOGS/s8_fold.log" 2>&1
   grep -E "per layer|Error|error:" "$LOGS/s8_fold.log" | head -30
 }
 
