@@ -124,6 +124,14 @@ __device__ __forceinline__ uint32_t fold_table(int q) {
   return (p << 8) | (n << 16) | (n << 24);
 }
 
+// A block scale s of a row whose largest |scale| is smax, folded into int8 (the rint of
+// (s / smax) x 127, 0 where smax is 0), and the row's weight ws = smax / 127:
+// activations.fold_block_scales, bit for bit (IEEE quotient and product, round half to even).
+__device__ __forceinline__ float fold_scale(float s, float smax) {
+  return smax > 0.f ? rintf(__fmul_rn(__fdiv_rn(s, smax), 127.f)) : 0.f;
+}
+__device__ __forceinline__ float fold_weight(float smax) { return __fdiv_rn(smax, 127.f); }
+
 // An int32 block sum (|v| <= 127 x 128 < 2^22) as fp32, exactly, without the conversion unit
 // (cvt.rn.f32.s32 runs at 16 a clock an SM: 128 x 128 of them a k-step took ~1024 cycles, twice
 // the k-step's tensor-core time; measured, kernel-h200.md's first s8 run): 2^23 + 2^22 + v has v
@@ -354,11 +362,9 @@ ternary_wgmma_s8_kernel(const __grid_constant__ CUtensorMap x_map,     // xq [M,
       float smax = 0.f;
       for (int c = tid % 2; c < cols; c += 2) smax = fmaxf(smax, fabsf(scale_from_bits(ssc[c * kBN + srow])));
       smax = fmaxf(smax, __shfl_xor_sync(0xffffffffu, smax, 1));
-      for (int c = tid % 2; c < cols; c += 2) {
-        const float q = smax > 0.f ? rintf(__fmul_rn(__fdiv_rn(scale_from_bits(ssc[c * kBN + srow]), smax), 127.f)) : 0.f;
-        ssc[c * kBN + srow] = (unsigned short)(short)q;
-      }
-      if (tid % 2 == 0) ws[srow] = __fdiv_rn(smax, 127.f);
+      for (int c = tid % 2; c < cols; c += 2)
+        ssc[c * kBN + srow] = (unsigned short)(short)fold_scale(scale_from_bits(ssc[c * kBN + srow]), smax);
+      if (tid % 2 == 0) ws[srow] = fold_weight(smax);
     }
   };
   // RS 2: thread tid stages row tid of the tile's 256, folded as it goes (two passes over the row's
@@ -369,9 +375,8 @@ ternary_wgmma_s8_kernel(const __grid_constant__ CUtensorMap x_map,     // xq [M,
     float smax = 0.f;
     for (int c = 0; c < cols; ++c) smax = fmaxf(smax, fabsf(scale_from_bits(__ldg(sg + c))));
     int8_t* sq = reinterpret_cast<int8_t*>(smem + S::kSOff + buf * S::kScaleBytes);
-    for (int c = 0; c < cols; ++c)
-      sq[c * kRows + tid] = (int8_t)(smax > 0.f ? rintf(__fmul_rn(__fdiv_rn(scale_from_bits(__ldg(sg + c)), smax), 127.f)) : 0.f);
-    ws_smem[buf * kRows + tid] = __fdiv_rn(smax, 127.f);
+    for (int c = 0; c < cols; ++c) sq[c * kRows + tid] = (int8_t)fold_scale(scale_from_bits(__ldg(sg + c)), smax);
+    ws_smem[buf * kRows + tid] = fold_weight(smax);
   };
   if constexpr (RS == 2) {
     stage_folded_int8((first_tile % tiles_n) * kRows, 0);
