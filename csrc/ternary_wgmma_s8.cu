@@ -17,10 +17,14 @@
 //     (spread_codes), because the activations' K order is permuted inside every 128-block to
 //     match the codes' natural order (quantize kernel, kPermute below): a register's 4 bytes are
 //     then the same 2-bit field of 4 consecutive code bytes, not 4 fields of one byte;
-//   - a tile's scales wait in shared memory as in the bf16 kernel, up to kS8MaxScaleCols (96)
-//     blocks a row (K 12288: 8B's down_proj). Read from global memory a k-step ahead instead,
-//     each k-step paid the load's latency (the second H200 run: 8B qkv M 1 took 1.4 us a k-step
-//     against ~0.3 of tensor-core work; the wgmma fence waits for the register it lands in);
+//   - a tile's scales wait in shared memory, up to kS8MaxScaleCols (96) blocks a row (K 12288:
+//     8B's down_proj). Read from global memory a k-step ahead instead, each k-step paid the load's
+//     latency (the second H200 run: 8B qkv M 1 took 1.4 us a k-step against ~0.3 of tensor-core
+//     work; the wgmma fence waits for the register it lands in). A CTA's first tile's scales are
+//     staged by the MMA warpgroups; every later tile's by warps 1-3 of the producer warpgroup (the
+//     stagers), into the other of two buffers while the tile before runs (mbarriers per buffer):
+//     staged after each epilogue by the MMA threads, two passes of dependent global loads a row,
+//     they held the tensor cores idle ~10 % of a 256-row tile (notes, v19);
 //   - the epilogue multiplies by the token's sx.
 //
 //                    K (128 a k-step = one scale block) ->
@@ -70,12 +74,12 @@ struct S8Shape {
   static constexpr int kScaleBytes = kRows * kS8MaxScaleCols * (RS == 1 ? 2 : 1);
   static constexpr int kOutLd = kRows + 8;  // output staging row ([token][W row]), padded
   // [activation stages (1024-byte aligned) | code stages | scales of two tiles | output tile |
-  // ws of two tiles (folded scales) | mbarriers full, empty]
+  // ws of two tiles (folded scales) | mbarriers: stages full, empty; scale buffers full, empty]
   static constexpr int kCOff = STAGES * kXBytes, kSOff = kCOff + STAGES * kCBytes;
   static constexpr int kOutOff = kSOff + 2 * kScaleBytes;
   static constexpr int kWsOff = kOutOff + BM * kOutLd * 2;
   static constexpr int kBarOff = kWsOff + 2 * kRows * 4;
-  static constexpr int kSmemBytes = kBarOff + 2 * STAGES * 8 + 1024;  // + alignment
+  static constexpr int kSmemBytes = kBarOff + 2 * STAGES * 8 + 4 * 8 + 1024;  // + alignment
   static_assert(kSmemBytes <= 227 * 1024, "shared memory of one CTA");
 };
 
@@ -155,6 +159,57 @@ __device__ __forceinline__ void decode_s8(uint32_t (&a)[4][4], uint2 c0, uint2 c
     a[q][1] = table_codes(t1, c1.x >> sh), a[q][3] = table_codes(t1, c1.y >> sh);
   }
 }
+
+// Scale stagers: warps 1-3 of the producer warpgroup (warp 0 issues the copies).
+constexpr int kStagerThreads = 96;
+
+// A tile's scales into shared memory as [block][row] (buf), rows n0 .. n0 + ROWS (rows past N read
+// row N - 1, never stored): FOLD the rows' folded int8 block scales and ws[row] = S / 127
+// (activations.fold_block_scales, bit for bit: S = max |s_b| over the row's blocks), else the raw
+// fp16. Thread t of nt takes rows t / TPR, + nt / TPR, ...; with two threads a row (TPR 2) each
+// takes every other block and the pair's maximum is one shuffle. Loads 8 at a time: the producer
+// warpgroup runs this on its 40 registers.
+template <bool FOLD, int ROWS, int TPR>
+__device__ __forceinline__ void stage_scales(const __half* __restrict__ scale, int lds, int N, int n0, int col0,
+                                             int cols, uint8_t* buf, float* ws, int t, int nt) {
+  constexpr int kBatch = 8;
+  for (int r = t / TPR; r < ROWS; r += nt / TPR) {
+    const unsigned short* sg =
+        reinterpret_cast<const unsigned short*>(scale) + (size_t)min(n0 + r, N - 1) * lds + col0;
+    auto load = [&](int c0, unsigned short (&v)[kBatch]) {
+#pragma unroll
+      for (int i = 0; i < kBatch; ++i) v[i] = c0 + TPR * i < cols ? __ldg(sg + c0 + TPR * i) : 0;
+    };
+    if constexpr (FOLD) {
+      float smax = 0.f;
+      for (int c0 = t % TPR; c0 < cols; c0 += kBatch * TPR) {
+        unsigned short v[kBatch];
+        load(c0, v);
+#pragma unroll
+        for (int i = 0; i < kBatch; ++i) smax = fmaxf(smax, fabsf(scale_from_bits(v[i])));
+      }
+      if constexpr (TPR == 2) smax = fmaxf(smax, __shfl_xor_sync(0xffffffffu, smax, 1));
+      int8_t* sq = reinterpret_cast<int8_t*>(buf);
+      for (int c0 = t % TPR; c0 < cols; c0 += kBatch * TPR) {
+        unsigned short v[kBatch];
+        load(c0, v);
+#pragma unroll
+        for (int i = 0; i < kBatch; ++i)
+          if (c0 + TPR * i < cols) sq[(c0 + TPR * i) * ROWS + r] = (int8_t)fold_scale(scale_from_bits(v[i]), smax);
+      }
+      if (t % TPR == 0) ws[r] = fold_weight(smax);
+    } else {
+      unsigned short* ss = reinterpret_cast<unsigned short*>(buf);
+      for (int c0 = t % TPR; c0 < cols; c0 += kBatch * TPR) {
+        unsigned short v[kBatch];
+        load(c0, v);
+#pragma unroll
+        for (int i = 0; i < kBatch; ++i)
+          if (c0 + TPR * i < cols) ss[(c0 + TPR * i) * ROWS + r] = v[i];
+      }
+    }
+  }
+}
 #endif
 
 // Position p = 32a + 16u + 4b + c (a, b, c < 4, u < 2) of a 128-block of the quantized activations
@@ -210,19 +265,23 @@ __global__ void __launch_bounds__(256) quantize_s8_kernel(const T* __restrict__ 
   }
 }
 
-// The natural-order quantizer for rows that take 16-byte loads (K a multiple of 8, x 16-byte
-// aligned) and K <= kQuantVecMaxK: the row is read once into registers (8 activations a thread
-// per pass) and written 8 bytes a store. The arithmetic is quantize_s8_kernel's (token_scale, quantize_s8);
-// the scalar kernel read each row twice with 2-byte loads: ~8 us a call at M 16, ~35 us at M 2048
-// (K 4096-12288) on the H200, 4x Humming's input step (benchmarks/results/w2a8-host-h200.md).
+// The quantizer for rows that take 16-byte loads (K a multiple of 8, x 16-byte aligned) and
+// K <= kQuantVecMaxK: the row is read once into registers (8 activations a thread per pass) and
+// written 8 bytes a thread and pass. The arithmetic is quantize_s8_kernel's (token_scale,
+// quantize_s8). The scalar kernel read each row twice with 2-byte loads: ~8 us a call at M 16,
+// ~35 us at M 2048 (K 4096-12288) on the H200, 4x Humming's input step
+// (benchmarks/results/w2a8-host-h200.md). PERMUTE (the GEMM's layout, ldq = round_up(K, 128)):
+// natural columns 8j .. 8j + 7 of a 128-block are 32b + 16u + 8h + 2c + e with j % 16 = 4b + 2u + h,
+// so the even ones (e 0) land at positions 64h + 16u + 4b + c (c < 4: one 4-byte word) and the odd
+// ones 32 further (permuted_column); vectors past K write the zero padding.
 constexpr int kQuantVecPasses = 8, kQuantThreads = 256, kQuantVecMaxK = 8 * kQuantThreads * kQuantVecPasses;
 
-template <typename T>
+template <typename T, bool PERMUTE>
 __global__ void __launch_bounds__(kQuantThreads) quantize_s8_vec_kernel(const T* __restrict__ x,
                                                                        int8_t* __restrict__ xq,
-                                                                       float* __restrict__ sx, int K) {
+                                                                       float* __restrict__ sx, int K, int ldq) {
   const uint4* row = reinterpret_cast<const uint4*>(x + (size_t)blockIdx.x * K);
-  const int nv = K / 8;
+  const int nv = K / 8, nout = PERMUTE ? ldq / 8 : nv;
   uint4 v[kQuantVecPasses];
   float amax = 0.f;
 #pragma unroll
@@ -237,18 +296,27 @@ __global__ void __launch_bounds__(kQuantThreads) quantize_s8_vec_kernel(const T*
   }
   const float s = token_scale(amax);
   if (threadIdx.x == 0) sx[blockIdx.x] = s;
-  uint2* out = reinterpret_cast<uint2*>(xq + (size_t)blockIdx.x * K);
+  int8_t* out = xq + (size_t)blockIdx.x * ldq;
 #pragma unroll
   for (int i = 0; i < kQuantVecPasses; ++i) {
     const int j = threadIdx.x + i * kQuantThreads;
+    if (j >= nout) continue;
+    uint32_t w[2] = {0u, 0u};
     if (j < nv) {
       const T* e = reinterpret_cast<const T*>(&v[i]);
-      uint32_t w[2] = {0u, 0u};
 #pragma unroll
       for (int t = 0; t < 8; ++t) {
-        w[t / 4] |= (uint32_t)(quantize_s8(Vec<T>::to_float(e[t]), s) & 0xff) << (8 * (t % 4));
+        const uint32_t q = (uint32_t)(quantize_s8(Vec<T>::to_float(e[t]), s) & 0xff);
+        if constexpr (PERMUTE) w[t % 2] |= q << (8 * (t / 2));
+        else w[t / 4] |= q << (8 * (t % 4));
       }
-      out[j] = make_uint2(w[0], w[1]);
+    }
+    if constexpr (PERMUTE) {
+      const int b = j % 16, p = 128 * (j / 16) + 64 * (b & 1) + 16 * ((b >> 1) & 1) + 4 * (b >> 2);
+      *reinterpret_cast<uint32_t*>(out + p) = w[0];
+      *reinterpret_cast<uint32_t*>(out + p + 32) = w[1];
+    } else {
+      reinterpret_cast<uint2*>(out)[j] = make_uint2(w[0], w[1]);
     }
   }
 }
@@ -271,6 +339,8 @@ ternary_wgmma_s8_kernel(const __grid_constant__ CUtensorMap x_map,     // xq [M,
   uint8_t* smem = smem_raw + ((1024 - (raw_s & 1023)) & 1023);  // swizzle atoms are 1024-byte aligned
   const uint32_t smem_s = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
   const uint32_t full_bar = smem_s + S::kBarOff, empty_bar = full_bar + 8 * STAGES;
+  // the two scale buffers (by tile parity): staged (full), and read to the end of the epilogue (empty)
+  const uint32_t scales_full = empty_bar + 8 * STAGES, scales_empty = scales_full + 16;
   const int tid = threadIdx.x;
   const int steps = Kp / kBK;
   const int tiles_n = (N + kRows - 1) / kRows, tiles = tiles_n * ((M + BM - 1) / BM);
@@ -279,11 +349,20 @@ ternary_wgmma_s8_kernel(const __grid_constant__ CUtensorMap x_map,     // xq [M,
   const int tile_stride = SPLIT ? gridDim.x / splits : gridDim.x, rank = SPLIT ? blockIdx.x % splits : 0;
   const int kt0 = SPLIT ? rank * steps / splits : 0;
   const int nk = SPLIT ? (rank + 1) * steps / splits - kt0 : steps;
+  const int col0 = k_offset / block_size;  // the scale column of local column 0's block
+  // the blocks the k-steps read: the last k-step starts at local column Kp - 128 (< K)
+  const int cols = (k_offset + Kp - kBK) / block_size - col0 + 1;
+  float* ws_smem = reinterpret_cast<float*>(smem + S::kWsOff);  // FOLD: ws of the two buffers' rows
+  auto scale_buffer = [&](int tcount) { return smem + S::kSOff + (tcount & 1) * S::kScaleBytes; };
 
   if (tid == 0) {
     for (int s = 0; s < STAGES; ++s) {
       mbar_init(full_bar + 8 * s, 1);
       mbar_init(empty_bar + 8 * s, kMmaThreads / 32);
+    }
+    for (int b = 0; b < 2; ++b) {
+      mbar_init(scales_full + 8 * b, kStagerThreads);
+      mbar_init(scales_empty + 8 * b, kMmaThreads);
     }
   }
   __syncthreads();
@@ -312,6 +391,17 @@ ternary_wgmma_s8_kernel(const __grid_constant__ CUtensorMap x_map,     // xq [M,
               : "memory");
         }
       }
+    } else if (tid >= kMmaThreads + 32) {
+      // The stagers: every tile's scales after the CTA's first (which the MMA warpgroups stage
+      // before their first k-step), into the buffer of the tile's parity once the tile two back
+      // has left it, while the MMA warpgroups run the tile before.
+      int tcount = 1;
+      for (int tile = first_tile + tile_stride; tile < tiles; tile += tile_stride, ++tcount) {
+        mbar_wait(scales_empty + 8 * (tcount & 1), ((tcount >> 1) & 1) ^ 1);
+        stage_scales<FOLD, kRows, 1>(scale, lds, N, (tile % tiles_n) * kRows, col0, cols, scale_buffer(tcount),
+                                     ws_smem + (tcount & 1) * kRows, tid - kMmaThreads - 32, kStagerThreads);
+        mbar_arrive(scales_full + 8 * (tcount & 1));
+      }
     }
     if constexpr (SPLIT) {
       __syncwarp();
@@ -324,93 +414,33 @@ ternary_wgmma_s8_kernel(const __grid_constant__ CUtensorMap x_map,     // xq [M,
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kMmaRegs));
   const int wg = tid / 128, warp = (tid % 128) / 32, lane = tid % 32, t = lane % 4;
   const int r0 = wg * 64 + warp * 16 + lane / 4;  // this thread's W rows r0, r0 + 8
-  const int col0 = k_offset / block_size;          // the scale column of local column 0's block
-  // the blocks the k-steps read: the last k-step starts at local column Kp - 128 (< K)
-  const int cols = (k_offset + Kp - kBK) / block_size - col0 + 1;
-  // A tile's scales to shared memory as [block][row] (rows past N read row N - 1, never stored),
-  // into one of two buffers by tile parity: thread tid loads row tid / 2, blocks tid % 2, + 2, ...;
-  // the next tile's first 32 blocks are loaded before this tile's epilogue and stored after it.
-  const int srow = tid / 2;
-  auto load_scales = [&](int n0, int c0, unsigned short (&v)[16]) {
-    const unsigned short* sg = reinterpret_cast<const unsigned short*>(scale) + (size_t)min(n0 + srow, N - 1) * lds + col0;
-#pragma unroll
-    for (int i = 0; i < 16; ++i) v[i] = c0 + 2 * i < cols ? __ldg(sg + c0 + 2 * i) : 0;
-  };
-  auto store_scales = [&](int c0, const unsigned short (&v)[16], unsigned short* ssc) {
-#pragma unroll
-    for (int i = 0; i < 16; ++i)
-      if (c0 + 2 * i < cols) ssc[(c0 + 2 * i) * kBN + srow] = v[i];
-  };
-  auto scale_buffer = [&](int tcount) {
-    return reinterpret_cast<unsigned short*>(smem + S::kSOff + (tcount & 1) * S::kScaleBytes);
-  };
-  auto rest_of_scales = [&](int n0, unsigned short* ssc) {  // blocks past the first 32
-    for (int c0 = 32 + tid % 2; c0 < cols; c0 += 32) {
-      unsigned short v[16];
-      load_scales(n0, c0, v);
-      store_scales(c0, v, ssc);
-    }
-  };
-  // FOLD: the staged scales of row srow become its folded int8 block scales in place, and
-  // ws[srow] = S / 127 (activations.fold_block_scales, bit for bit: S = max |s_b| over the row's
-  // blocks, q_b = rint((s_b / S) x 127), 0 where S is 0). Thread pair (2 srow, 2 srow + 1) staged
-  // the row's blocks between them (tid % 2 + 2i), so their maximum is one shuffle.
-  float* ws_smem = reinterpret_cast<float*>(smem + S::kWsOff);
-  auto fold_scales = [&](unsigned short* ssc, float* ws) {
-    if constexpr (FOLD) {
-      __syncwarp();
-      float smax = 0.f;
-      for (int c = tid % 2; c < cols; c += 2) smax = fmaxf(smax, fabsf(scale_from_bits(ssc[c * kBN + srow])));
-      smax = fmaxf(smax, __shfl_xor_sync(0xffffffffu, smax, 1));
-      for (int c = tid % 2; c < cols; c += 2)
-        ssc[c * kBN + srow] = (unsigned short)(short)fold_scale(scale_from_bits(ssc[c * kBN + srow]), smax);
-      if (tid % 2 == 0) ws[srow] = fold_weight(smax);
-    }
-  };
-  // RS 2: thread tid stages row tid of the tile's 256, folded as it goes (two passes over the row's
-  // scales in global memory: their maximum, then each block's int8; the same arithmetic), into
-  // buffer `buf` as int8 [block][row].
-  auto stage_folded_int8 = [&](int n0, int buf) {
-    const unsigned short* sg = reinterpret_cast<const unsigned short*>(scale) + (size_t)min(n0 + tid, N - 1) * lds + col0;
-    float smax = 0.f;
-    for (int c = 0; c < cols; ++c) smax = fmaxf(smax, fabsf(scale_from_bits(__ldg(sg + c))));
-    int8_t* sq = reinterpret_cast<int8_t*>(smem + S::kSOff + buf * S::kScaleBytes);
-    for (int c = 0; c < cols; ++c) sq[c * kRows + tid] = (int8_t)fold_scale(scale_from_bits(__ldg(sg + c)), smax);
-    ws_smem[buf * kRows + tid] = fold_weight(smax);
-  };
-  if constexpr (RS == 2) {
-    stage_folded_int8((first_tile % tiles_n) * kRows, 0);
-  } else {
-    unsigned short v[16];
-    const int n0 = (first_tile % tiles_n) * kBN;
-    load_scales(n0, tid % 2, v);
-    store_scales(tid % 2, v, scale_buffer(0));
-    rest_of_scales(n0, scale_buffer(0));
-    fold_scales(scale_buffer(0), ws_smem);
-  }
+  // the CTA's first tile's scales, by both MMA warpgroups (two threads a row where there are enough)
+  stage_scales<FOLD, kRows, (kMmaThreads >= 2 * kRows ? 2 : 1)>(scale, lds, N, (first_tile % tiles_n) * kRows, col0,
+                                                                cols, scale_buffer(0), ws_smem, tid, kMmaThreads);
   mma_sync();
 
   int it = 0, tcount = 0;
   for (int tile = first_tile; tile < tiles; tile += tile_stride, ++tcount) {
     const int n0 = (tile % tiles_n) * kRows, m0 = (tile / tiles_n) * BM;
-    const unsigned short* ssc = scale_buffer(tcount);
-    const int8_t* sq = reinterpret_cast<const int8_t*>(ssc);  // RS 2
+    if (tcount > 0) mbar_wait(scales_full + 8 * (tcount & 1), ((tcount - 1) >> 1) & 1);  // the stagers'
+    const unsigned short* ssc = reinterpret_cast<const unsigned short*>(scale_buffer(tcount));  // exact: fp16
+    const int8_t* sq = reinterpret_cast<const int8_t*>(scale_buffer(tcount));                  // FOLD: int8
     // k-step kt's scale column (relative to col0): local column 128 kt is global k_offset + 128 kt
     auto scale_col = [&](int kt) { return (k_offset + (kt0 + kt) * kBK) / block_size - col0; };
 
     // Waits for k-step kt's stage and decodes its codes (row set s: rows s kBN + r0, + 8): with the
     // unit table (exact scales: the two rows' scales of the k-step to sc, raw bits) or the rows'
-    // folded block scales (staged folded in place as int16, RS 1, or as int8, RS 2).
+    // folded int8 block scales.
     auto decode = [&](uint32_t (&a)[RS][4][4], unsigned short (&sc)[RS][2], int kt) {
       const int g = it + kt;
       const int c = scale_col(kt);
 #pragma unroll
       for (int rs = 0; rs < RS; ++rs) {
-        if constexpr (RS == 1) {
-          sc[rs][0] = ssc[c * kBN + r0], sc[rs][1] = ssc[c * kBN + r0 + 8];
-        } else {
+        if constexpr (FOLD) {
           sc[rs][0] = (unsigned short)(short)sq[c * kRows + rs * kBN + r0];
           sc[rs][1] = (unsigned short)(short)sq[c * kRows + rs * kBN + r0 + 8];
+        } else {
+          sc[rs][0] = ssc[c * kBN + r0], sc[rs][1] = ssc[c * kBN + r0 + 8];
         }
       }
       mbar_wait(full_bar + 8 * (g % STAGES), (g / STAGES) & 1);
@@ -493,11 +523,6 @@ ternary_wgmma_s8_kernel(const __grid_constant__ CUtensorMap x_map,     // xq [M,
       else split_k_reduce<BM, STAGES, 8, kRow>(acc[0], red, rank, tid);
       t_lo = rank * (BM / splits), t_hi = t_lo + BM / splits;
     }
-    // The next tile's first scale blocks, in flight through the epilogue.
-    const int next = tile + tile_stride, next_n0 = (next % tiles_n) * kRows;
-    unsigned short next_scales[16];
-    if (RS == 1 && next < tiles) load_scales(next_n0, tid % 2, next_scales);
-
     // The output tile in shared memory as [token][W row]: acc x sx[token] + bias, rounded once, by
     // stmatrix .trans (csrc/ternary_wgmma.cu's epilogue: d[4j + 2h + e] is token 8j + 2t + e of
     // W row r0 + 8h), then written a token row at a time.
@@ -543,18 +568,10 @@ ternary_wgmma_s8_kernel(const __grid_constant__ CUtensorMap x_map,     // xq [M,
                      : "memory");
       }
     }
+    mbar_arrive(scales_empty + 8 * (tcount & 1));  // this tile's scales and ws read: the stagers may refill
     mma_sync();
     store_tile<T, BM, kRows>(out, S::kOutLd, y, min(M, m0 + t_hi), N, m0 + t_lo, n0, tid, kMmaThreads);
-    if (next < tiles) {
-      if constexpr (RS == 2) {
-        stage_folded_int8(next_n0, (tcount + 1) & 1);
-      } else {
-        store_scales(tid % 2, next_scales, scale_buffer(tcount + 1));
-        rest_of_scales(next_n0, scale_buffer(tcount + 1));
-        fold_scales(scale_buffer(tcount + 1), ws_smem + ((tcount + 1) & 1) * kBN);
-      }
-    }
-    mma_sync();  // the next tile's scales stored, this one's output read: both buffers free to reuse
+    mma_sync();  // the output tile read: free for the next epilogue
   }
 #endif  // other targets: never launched (the host checks for an sm_90 device)
 }
@@ -673,10 +690,14 @@ cudaError_t launch_quantize_s8(bool bf16, const void* x, int8_t* xq, float* sx, 
                                cudaStream_t stream) {
   if (M == 0) return cudaSuccess;
   const dim3 grid(M), block(256);
-  if (!permute && K % 8 == 0 && K <= kQuantVecMaxK && reinterpret_cast<uintptr_t>(x) % 16 == 0 &&
-      reinterpret_cast<uintptr_t>(xq) % 8 == 0) {  // ldq == K: the output rows are 8-byte aligned too
-    if (bf16) quantize_s8_vec_kernel<__nv_bfloat16><<<grid, kQuantThreads, 0, stream>>>(static_cast<const __nv_bfloat16*>(x), xq, sx, K);
-    else quantize_s8_vec_kernel<__half><<<grid, kQuantThreads, 0, stream>>>(static_cast<const __half*>(x), xq, sx, K);
+  // natural order: ldq == K, so 8-byte aligned rows; permuted: ldq % 128 == 0, 4-byte words
+  if (K % 8 == 0 && K <= kQuantVecMaxK && reinterpret_cast<uintptr_t>(x) % 16 == 0 &&
+      reinterpret_cast<uintptr_t>(xq) % (permute ? 4 : 8) == 0) {
+#define TERNARY_QUANT_VEC(T, P) \
+  quantize_s8_vec_kernel<T, P><<<grid, kQuantThreads, 0, stream>>>(static_cast<const T*>(x), xq, sx, K, ldq)
+    if (bf16) permute ? TERNARY_QUANT_VEC(__nv_bfloat16, true) : TERNARY_QUANT_VEC(__nv_bfloat16, false);
+    else permute ? TERNARY_QUANT_VEC(__half, true) : TERNARY_QUANT_VEC(__half, false);
+#undef TERNARY_QUANT_VEC
     return cudaGetLastError();
   }
   if (bf16) {

@@ -190,6 +190,29 @@ def test_every_split_of_the_folded_kernel_is_exact(m, k_split):
     assert torch.equal(y.cpu(), reference_linear_w2a8_folded(x, packed, scale, bias, 128, 0)), f"k_split {k_split}"
 
 
+@pytest.mark.parametrize("fold,rows", [(False, 128), (True, 128), (True, 256)], ids=["exact", "folded", "folded-256"])
+@pytest.mark.parametrize("m,k,tiles_per_cta", [(530, 1000, 4), (140, 12288, 2)], ids=["k1000", "k12288"])
+def test_persistent_ctas_stage_every_later_tile_exactly(m, k, tiles_per_cta, fold, rows):
+    """A persistent CTA's tiles after its first take their scales from the producer warpgroup's
+    stagers, into the two buffers in turn, while the tile before runs: N sized from the GPU's SM
+    count so that most CTAs walk several tiles (the last row tile and token tile partial)."""
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    m_tiles = -(-m // 128)
+    n = 128 * -(-tiles_per_cta * sms // m_tiles) - 56
+    x, packed, scale, bias = _case(m, n, k, 0, 128, torch.bfloat16, seed=m + k + rows)
+    scale = _signed_scales(scale, seed=m + k)
+    _poison_allocator(m * n * 2)
+    y = torch.ops.ternary_serve.gemm_w2a8_path(x.cuda(), packed.cuda(), scale.cuda(), bias.cuda(), 128, 0,
+                                                k_split=1, fold=fold, rows=rows)
+    torch.cuda.synchronize()
+    assert bool(torch.isfinite(y).all()), "unwritten (NaN-poisoned) or non-finite output"
+    if fold:
+        bad = (y.cpu() != reference_linear_w2a8_folded(x, packed, scale, bias, 128, 0)).sum().item()
+        assert bad == 0, f"{bad} of {m * n} outputs differ from the folded formula"
+    else:
+        assert _rel(y, _formula(x, packed, scale, bias, 128, 0)) < TOL[torch.bfloat16]
+
+
 def test_the_op_plans_our_kernel_on_hopper_and_graphs_replay_it_exactly():
     """gemm_w2a8 on a ternary-layout layer takes the s8 kernel (band Q1) with its auto tiling past
     band QB's M, and a CUDA graph of it (as vLLM captures) replays the eager result bit for bit (no
