@@ -428,29 +428,35 @@ ternary_wgmma_s8_kernel(const __grid_constant__ CUtensorMap x_map,     // xq [M,
     // k-step kt's scale column (relative to col0): local column 128 kt is global k_offset + 128 kt
     auto scale_col = [&](int kt) { return (k_offset + (kt0 + kt) * kBK) / block_size - col0; };
 
-    // Waits for k-step kt's stage and decodes its codes (row set s: rows s kBN + r0, + 8): with the
-    // unit table (exact scales: the two rows' scales of the k-step to sc, raw bits) or the rows'
-    // folded int8 block scales.
-    auto decode = [&](uint32_t (&a)[RS][4][4], unsigned short (&sc)[RS][2], int kt) {
+    // Fetches k-step kt's operands into registers (row set s: rows s kBN + r0, + 8): the rows'
+    // block scales of the k-step (raw fp16 bits, exact; folded int8, FOLD) to sc, and once the
+    // stage's mbarrier completes, the rows' code words to c. decode then makes the A fragments:
+    // with the unit table (exact) or the rows' folded block scales.
+    auto fetch = [&](uint2 (&c)[RS][2], unsigned short (&sc)[RS][2], int kt) {
       const int g = it + kt;
-      const int c = scale_col(kt);
+      const int col = scale_col(kt);
 #pragma unroll
       for (int rs = 0; rs < RS; ++rs) {
         if constexpr (FOLD) {
-          sc[rs][0] = (unsigned short)(short)sq[c * kRows + rs * kBN + r0];
-          sc[rs][1] = (unsigned short)(short)sq[c * kRows + rs * kBN + r0 + 8];
+          sc[rs][0] = (unsigned short)(short)sq[col * kRows + rs * kBN + r0];
+          sc[rs][1] = (unsigned short)(short)sq[col * kRows + rs * kBN + r0 + 8];
         } else {
-          sc[rs][0] = ssc[c * kBN + r0], sc[rs][1] = ssc[c * kBN + r0 + 8];
+          sc[rs][0] = ssc[col * kBN + r0], sc[rs][1] = ssc[col * kBN + r0 + 8];
         }
       }
       mbar_wait(full_bar + 8 * (g % STAGES), (g / STAGES) & 1);
       const uint8_t* codes = smem + S::kCOff + (g % STAGES) * S::kCBytes;
 #pragma unroll
       for (int rs = 0; rs < RS; ++rs) {
-        const uint2 c0 = *reinterpret_cast<const uint2*>(codes + (rs * kBN + r0) * kCodeRow + 8 * t);
-        const uint2 c1 = *reinterpret_cast<const uint2*>(codes + (rs * kBN + r0 + 8) * kCodeRow + 8 * t);
-        if constexpr (FOLD) decode_s8(a[rs], c0, c1, fold_table((short)sc[rs][0]), fold_table((short)sc[rs][1]));
-        else decode_s8(a[rs], c0, c1, kUnitTable, kUnitTable);
+        c[rs][0] = *reinterpret_cast<const uint2*>(codes + (rs * kBN + r0) * kCodeRow + 8 * t);
+        c[rs][1] = *reinterpret_cast<const uint2*>(codes + (rs * kBN + r0 + 8) * kCodeRow + 8 * t);
+      }
+    };
+    auto decode = [&](uint32_t (&a)[RS][4][4], const uint2 (&c)[RS][2], const unsigned short (&sc)[RS][2]) {
+#pragma unroll
+      for (int rs = 0; rs < RS; ++rs) {
+        if constexpr (FOLD) decode_s8(a[rs], c[rs][0], c[rs][1], fold_table((short)sc[rs][0]), fold_table((short)sc[rs][1]));
+        else decode_s8(a[rs], c[rs][0], c[rs][1], kUnitTable, kUnitTable);
       }
     };
     // FOLD: int32 dots over all of the CTA's K (the block scales are in the codes' values);
@@ -462,10 +468,12 @@ ternary_wgmma_s8_kernel(const __grid_constant__ CUtensorMap x_map,     // xq [M,
     for (int rs = 0; rs < RS; ++rs)
 #pragma unroll
       for (int i = 0; i < BM / 2; ++i) acc[rs][i] = 0;
-    // exact: k-step kt's wgmma (A = a) into blk; while they run, the next k-step's decode (into
-    // a_next); then the wait, the stage freed, and the promotion of blk with this k-step's scales.
-    // FOLD: k-step kt's wgmma accumulate into acc; the wait lets them run on while k-step kt - 1's
-    // are awaited (their A registers are a_next's, their stage is freed), then the next decode.
+    // exact: k-step kt's wgmma (A = a) into blk; while they run, the next k-step's fetch and decode
+    // (into a_next); then the wait, the stage freed, and the promotion of blk with this k-step's scales.
+    // FOLD: k-step kt's wgmma accumulate into acc; the next k-step's operands are fetched while
+    // they and k-step kt - 1's run (128-row tiles), then k-step kt - 1's are awaited (their A
+    // registers are a_next's, their stage is freed) and only the decode stands between that wait
+    // and the next k-step's wgmma.
     auto step = [&](const uint32_t (&a)[RS][4][4], const unsigned short (&sc)[RS][2], uint32_t (&a_next)[RS][4][4],
                     unsigned short (&sc_next)[RS][2], int kt) {
       const int g = it + kt;
@@ -477,16 +485,25 @@ ternary_wgmma_s8_kernel(const __grid_constant__ CUtensorMap x_map,     // xq [M,
 #pragma unroll
           for (int q = 0; q < 4; ++q) wgmma_s8<BM>(acc[rs], a[rs][q], sw128_desc(xb + 32 * q), (kt | q) != 0);
         wgmma_commit();
+        uint2 c[RS][2];
+        // (256-row tiles fetch after the wait: before it, ptxas spills ~350 bytes around the k-loop)
+        constexpr bool kEarly = RS == 1;
+        if (kEarly && kt + 1 < nk) fetch(c, sc_next, kt + 1);
         wgmma_wait<1>();
         if (kt > 0 && lane == 0) mbar_arrive(empty_bar + 8 * ((g - 1) % STAGES));
-        if (kt + 1 < nk) decode(a_next, sc_next, kt + 1);
+        if (!kEarly && kt + 1 < nk) fetch(c, sc_next, kt + 1);
+        if (kt + 1 < nk) decode(a_next, c, sc_next);
       } else {
         fence_accumulators(blk);
         wgmma_arrive();
 #pragma unroll
         for (int q = 0; q < 4; ++q) wgmma_s8<BM>(blk, a[0][q], sw128_desc(xb + 32 * q), q);
         wgmma_commit();
-        if (kt + 1 < nk) decode(a_next, sc_next, kt + 1);
+        if (kt + 1 < nk) {
+          uint2 c[RS][2];
+          fetch(c, sc_next, kt + 1);
+          decode(a_next, c, sc_next);
+        }
         wgmma_wait<0>();
         fence_accumulators(blk);
         if (lane == 0) mbar_arrive(empty_bar + 8 * (g % STAGES));
@@ -501,7 +518,11 @@ ternary_wgmma_s8_kernel(const __grid_constant__ CUtensorMap x_map,     // xq [M,
 #pragma unroll
       for (int rs = 0; rs < RS; ++rs) fence_accumulators(acc[rs]);
     }
-    decode(a0, sc0, 0);
+    {
+      uint2 c[RS][2];
+      fetch(c, sc0, 0);
+      decode(a0, c, sc0);
+    }
     for (int kt = 0; kt < nk; kt += 2) {
       step(a0, sc0, a1, sc1, kt);
       if (kt + 1 >= nk) break;

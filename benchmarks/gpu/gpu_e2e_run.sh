@@ -12,6 +12,8 @@
 #   bash benchmarks/gpu/gpu_e2e_run.sh setup profile_s8    # ncu on the folded s8 kernel, 128 and 256 rows (carry .whl)
 #   bash benchmarks/gpu/gpu_e2e_run.sh setup w2a8_fold     # the s8 kernel exact and folded: tests, memcheck, timed
 #                                                   # against cuBLAS (s8_quick.py; carry .whl only)
+#   bash benchmarks/gpu/gpu_e2e_run.sh setup s8_ab         # the s8 kernel of other commits (.e2e/ab/*, carried
+#                                                   # with .whl) and this checkout's, timed in one call
 #   ORDER="mma floor" bash benchmarks/probes/run_probes.sh  # kernels alone, outside torch (seconds; no setup)
 #   bash benchmarks/gpu/gpu_e2e_run.sh setup humming_gemv  # the kernel over Humming's layout (band HG): tests,
 #                                                   # bench_band, its probe, memcheck (carry .whl only)
@@ -226,7 +228,7 @@ stage_w2a8_quick() {
 # The s8 kernel with exact and folded block scales: its tests (fold bit for bit against
 # activations.reference_linear_w2a8_folded), memcheck on the folded cases, and both timed against
 # cuBLAS bf16 on the 8B and 0.6B shapes (benchmarks/probes/s8_quick.py, no Humming warm-up)
-stage_w2a8_fold() {
+s8_tests() {  # the s8 kernel's GPU tests, and memcheck on the folded cases
   grep -E "C75[0-9]+|Performance Warning" "$LOGS/build.log" | sort | uniq -c | head -10
   timeout 200 python3 -X faulthandler -m pytest -q -p no:cacheprovider -m gpu tests/test_w2a8_gpu.py \
     > "$OUT/gpu_tests_w2a8.log" 2>&1
@@ -235,9 +237,35 @@ stage_w2a8_fold() {
     tests/test_w2a8_gpu.py -k "folded and bf16 and not 12288 and not 3072 and not 1536 or split_of_the_folded and 64" \
     > "$OUT/memcheck_w2a8.log" 2>&1
   tail -3 "$OUT/memcheck_w2a8.log"
+}
+
+stage_w2a8_fold() {
+  s8_tests
   timeout ${FOLD_TIMEOUT:-220} python3 benchmarks/probes/s8_quick.py --models 8B 0.6B \
     --ms ${FOLD_MS:-1 16 64 256 1024 4096 16384} --json "$OUT/s8-fold.json" > "$LOGS/s8_fold.log" 2>&1
   grep -E "per layer|Error|error:" "$LOGS/s8_fold.log" | head -30
+}
+
+# The s8 kernel before and after a change, on one machine: every tree under .e2e/ab/ (ignored; made
+# on the dev machine with `git archive COMMIT setup.py pyproject.toml csrc ternary_plugin benchmarks/*.py
+# benchmarks/probes | tar -x -C .e2e/ab/NAME`, carried) is built in place while this checkout's tests
+# and memcheck run (after setup), then each tree's own s8_quick.py times it, and this checkout last,
+# with the same AB_MS (default 256 1024 4096 16384): $OUT/s8-ab-NAME.json, this one s8-ab-head.json.
+stage_s8_ab() {
+  local d pids=()
+  for d in .e2e/ab/*/; do
+    (cd "$d" && TERNARY_CUDA_ARCHS=90a TERNARY_BUILD_CUDA=1 python3 setup.py -q build_ext --inplace > build.log 2>&1 \
+      || { echo "build of $d FAILED"; tail -20 build.log; }) &
+    pids+=($!)
+  done
+  s8_tests
+  wait "${pids[@]}"
+  for d in .e2e/ab/*/ ./; do
+    local name; name=$([ "$d" = ./ ] && echo head || basename "$d")
+    (cd "$d" && timeout ${AB_TIMEOUT:-150} python3 benchmarks/probes/s8_quick.py --models 8B 0.6B \
+      --ms ${AB_MS:-256 1024 4096 16384} --json "$OUT/s8-ab-$name.json") > "$LOGS/s8_ab_$name.log" 2>&1
+    echo "-- $name"; grep -E "^\| (8B|0.6B) \| [0-9]+ \| [0-9.]+ \||Error|error:" "$LOGS/s8_ab_$name.log" | head -12
+  done
 }
 
 # The wgmma kernel alone (a short call while it is being built): its GPU tests, memcheck on its
