@@ -228,11 +228,14 @@ stage_w2a8_quick() {
 # The s8 kernel with exact and folded block scales: its tests (fold bit for bit against
 # activations.reference_linear_w2a8_folded), memcheck on the folded cases, and both timed against
 # cuBLAS bf16 on the 8B and 0.6B shapes (benchmarks/probes/s8_quick.py, no Humming warm-up)
-s8_tests() {  # the s8 kernel's GPU tests, and memcheck on the folded cases
+s8_tests() {  # the s8 kernel's GPU tests
   grep -E "C75[0-9]+|Performance Warning" "$LOGS/build.log" | sort | uniq -c | head -10
   timeout 200 python3 -X faulthandler -m pytest -q -p no:cacheprovider -m gpu tests/test_w2a8_gpu.py \
     > "$OUT/gpu_tests_w2a8.log" 2>&1
   tail -2 "$OUT/gpu_tests_w2a8.log"; grep -E "^FAILED|^ERROR" "$OUT/gpu_tests_w2a8.log" | head -20
+}
+
+s8_memcheck() {  # memcheck on the folded cases
   timeout 90 compute-sanitizer --tool memcheck --print-limit 20 python3 -m pytest -q -p no:cacheprovider \
     tests/test_w2a8_gpu.py -k "folded and bf16 and not 12288 and not 3072 and not 1536 or split_of_the_folded and 64" \
     > "$OUT/memcheck_w2a8.log" 2>&1
@@ -241,6 +244,7 @@ s8_tests() {  # the s8 kernel's GPU tests, and memcheck on the folded cases
 
 stage_w2a8_fold() {
   s8_tests
+  s8_memcheck
   timeout ${FOLD_TIMEOUT:-220} python3 benchmarks/probes/s8_quick.py --models 8B 0.6B \
     --ms ${FOLD_MS:-1 16 64 256 1024 4096 16384} --json "$OUT/s8-fold.json" > "$LOGS/s8_fold.log" 2>&1
   grep -E "per layer|Error|error:" "$LOGS/s8_fold.log" | head -30
@@ -249,10 +253,10 @@ stage_w2a8_fold() {
 # The s8 kernel before and after a change, on one machine: every tree under .e2e/ab/ (ignored; made
 # on the dev machine with `git archive COMMIT setup.py pyproject.toml csrc ternary_plugin benchmarks/*.py
 # benchmarks/probes | tar -x -C .e2e/ab/NAME`, carried) is built in place while this checkout's tests
-# and memcheck run (after setup), then each tree's own s8_quick.py times it, and this checkout last,
-# with the same AB_MS (default 256 1024 4096 16384): $OUT/s8-ab-NAME.json, this one s8-ab-head.json.
+# run (after setup), then each tree's own s8_quick.py times it, and this checkout last, with the
+# same AB_MS (default 1024 4096 16384): $OUT/s8-ab-NAME.json, this one s8-ab-head.json; memcheck last.
 stage_s8_ab() {
-  local d pids=()
+  local d pids=() out; out=$(cd "$OUT" && pwd)
   for d in .e2e/ab/*/; do
     (cd "$d" && TERNARY_CUDA_ARCHS=90a TERNARY_BUILD_CUDA=1 python3 setup.py -q build_ext --inplace > build.log 2>&1 \
       || { echo "build of $d FAILED"; tail -20 build.log; }) &
@@ -263,9 +267,10 @@ stage_s8_ab() {
   for d in .e2e/ab/*/ ./; do
     local name; name=$([ "$d" = ./ ] && echo head || basename "$d")
     (cd "$d" && timeout ${AB_TIMEOUT:-150} python3 benchmarks/probes/s8_quick.py --models 8B 0.6B \
-      --ms ${AB_MS:-256 1024 4096 16384} --json "$OUT/s8-ab-$name.json") > "$LOGS/s8_ab_$name.log" 2>&1
+      --ms ${AB_MS:-1024 4096 16384} --json "$out/s8-ab-$name.json") > "$LOGS/s8_ab_$name.log" 2>&1
     echo "-- $name"; grep -E "^\| (8B|0.6B) \| [0-9]+ \| [0-9.]+ \||Error|error:" "$LOGS/s8_ab_$name.log" | head -12
   done
+  s8_memcheck
 }
 
 # The wgmma kernel alone (a short call while it is being built): its GPU tests, memcheck on its
