@@ -273,20 +273,23 @@ __global__ void __launch_bounds__(256) quantize_s8_kernel(const T* __restrict__ 
 // (benchmarks/results/w2a8-host-h200.md). PERMUTE (the GEMM's layout, ldq = round_up(K, 128)):
 // natural columns 8j .. 8j + 7 of a 128-block are 32b + 16u + 8h + 2c + e with j % 16 = 4b + 2u + h,
 // so the even ones (e 0) land at positions 64h + 16u + 4b + c (c < 4: one 4-byte word) and the odd
-// ones 32 further (permuted_column); vectors past K write the zero padding.
-constexpr int kQuantVecPasses = 8, kQuantThreads = 256, kQuantVecMaxK = 8 * kQuantThreads * kQuantVecPasses;
+// ones 32 further (permuted_column); vectors past K write the zero padding. PASSES (1, 2, 4, 8)
+// and the CTA's threads (32-256) are sized to the row: one 256-thread CTA of 8 passes a row at
+// every K (32 registers of row) ran the K-1024 layers of 0.6B slower than the scalar kernel on the
+// H200 (half its threads idle, 3 CTAs an SM; s8-ab-*.json).
+constexpr int kQuantThreads = 256, kQuantVecMaxK = 8 * kQuantThreads * 8;
 
-template <typename T, bool PERMUTE>
+template <typename T, bool PERMUTE, int PASSES>
 __global__ void __launch_bounds__(kQuantThreads) quantize_s8_vec_kernel(const T* __restrict__ x,
                                                                        int8_t* __restrict__ xq,
                                                                        float* __restrict__ sx, int K, int ldq) {
   const uint4* row = reinterpret_cast<const uint4*>(x + (size_t)blockIdx.x * K);
   const int nv = K / 8, nout = PERMUTE ? ldq / 8 : nv;
-  uint4 v[kQuantVecPasses];
+  uint4 v[PASSES];
   float amax = 0.f;
 #pragma unroll
-  for (int i = 0; i < kQuantVecPasses; ++i) {
-    const int j = threadIdx.x + i * kQuantThreads;
+  for (int i = 0; i < PASSES; ++i) {
+    const int j = threadIdx.x + i * blockDim.x;
     if (j < nv) {
       v[i] = __ldg(row + j);
       const T* e = reinterpret_cast<const T*>(&v[i]);
@@ -298,8 +301,8 @@ __global__ void __launch_bounds__(kQuantThreads) quantize_s8_vec_kernel(const T*
   if (threadIdx.x == 0) sx[blockIdx.x] = s;
   int8_t* out = xq + (size_t)blockIdx.x * ldq;
 #pragma unroll
-  for (int i = 0; i < kQuantVecPasses; ++i) {
-    const int j = threadIdx.x + i * kQuantThreads;
+  for (int i = 0; i < PASSES; ++i) {
+    const int j = threadIdx.x + i * blockDim.x;
     if (j >= nout) continue;
     uint32_t w[2] = {0u, 0u};
     if (j < nv) {
@@ -428,35 +431,29 @@ ternary_wgmma_s8_kernel(const __grid_constant__ CUtensorMap x_map,     // xq [M,
     // k-step kt's scale column (relative to col0): local column 128 kt is global k_offset + 128 kt
     auto scale_col = [&](int kt) { return (k_offset + (kt0 + kt) * kBK) / block_size - col0; };
 
-    // Fetches k-step kt's operands into registers (row set s: rows s kBN + r0, + 8): the rows'
-    // block scales of the k-step (raw fp16 bits, exact; folded int8, FOLD) to sc, and once the
-    // stage's mbarrier completes, the rows' code words to c. decode then makes the A fragments:
-    // with the unit table (exact) or the rows' folded block scales.
-    auto fetch = [&](uint2 (&c)[RS][2], unsigned short (&sc)[RS][2], int kt) {
+    // Waits for k-step kt's stage and decodes its codes (row set s: rows s kBN + r0, + 8): with the
+    // unit table (exact scales: the two rows' scales of the k-step to sc, raw bits) or the rows'
+    // folded int8 block scales.
+    auto decode = [&](uint32_t (&a)[RS][4][4], unsigned short (&sc)[RS][2], int kt) {
       const int g = it + kt;
-      const int col = scale_col(kt);
+      const int c = scale_col(kt);
 #pragma unroll
       for (int rs = 0; rs < RS; ++rs) {
         if constexpr (FOLD) {
-          sc[rs][0] = (unsigned short)(short)sq[col * kRows + rs * kBN + r0];
-          sc[rs][1] = (unsigned short)(short)sq[col * kRows + rs * kBN + r0 + 8];
+          sc[rs][0] = (unsigned short)(short)sq[c * kRows + rs * kBN + r0];
+          sc[rs][1] = (unsigned short)(short)sq[c * kRows + rs * kBN + r0 + 8];
         } else {
-          sc[rs][0] = ssc[col * kBN + r0], sc[rs][1] = ssc[col * kBN + r0 + 8];
+          sc[rs][0] = ssc[c * kBN + r0], sc[rs][1] = ssc[c * kBN + r0 + 8];
         }
       }
       mbar_wait(full_bar + 8 * (g % STAGES), (g / STAGES) & 1);
       const uint8_t* codes = smem + S::kCOff + (g % STAGES) * S::kCBytes;
 #pragma unroll
       for (int rs = 0; rs < RS; ++rs) {
-        c[rs][0] = *reinterpret_cast<const uint2*>(codes + (rs * kBN + r0) * kCodeRow + 8 * t);
-        c[rs][1] = *reinterpret_cast<const uint2*>(codes + (rs * kBN + r0 + 8) * kCodeRow + 8 * t);
-      }
-    };
-    auto decode = [&](uint32_t (&a)[RS][4][4], const uint2 (&c)[RS][2], const unsigned short (&sc)[RS][2]) {
-#pragma unroll
-      for (int rs = 0; rs < RS; ++rs) {
-        if constexpr (FOLD) decode_s8(a[rs], c[rs][0], c[rs][1], fold_table((short)sc[rs][0]), fold_table((short)sc[rs][1]));
-        else decode_s8(a[rs], c[rs][0], c[rs][1], kUnitTable, kUnitTable);
+        const uint2 c0 = *reinterpret_cast<const uint2*>(codes + (rs * kBN + r0) * kCodeRow + 8 * t);
+        const uint2 c1 = *reinterpret_cast<const uint2*>(codes + (rs * kBN + r0 + 8) * kCodeRow + 8 * t);
+        if constexpr (FOLD) decode_s8(a[rs], c0, c1, fold_table((short)sc[rs][0]), fold_table((short)sc[rs][1]));
+        else decode_s8(a[rs], c0, c1, kUnitTable, kUnitTable);
       }
     };
     // FOLD: int32 dots over all of the CTA's K (the block scales are in the codes' values);
@@ -468,12 +465,10 @@ ternary_wgmma_s8_kernel(const __grid_constant__ CUtensorMap x_map,     // xq [M,
     for (int rs = 0; rs < RS; ++rs)
 #pragma unroll
       for (int i = 0; i < BM / 2; ++i) acc[rs][i] = 0;
-    // exact: k-step kt's wgmma (A = a) into blk; while they run, the next k-step's fetch and decode
-    // (into a_next); then the wait, the stage freed, and the promotion of blk with this k-step's scales.
-    // FOLD: k-step kt's wgmma accumulate into acc; the next k-step's operands are fetched while
-    // they and k-step kt - 1's run (128-row tiles), then k-step kt - 1's are awaited (their A
-    // registers are a_next's, their stage is freed) and only the decode stands between that wait
-    // and the next k-step's wgmma.
+    // exact: k-step kt's wgmma (A = a) into blk; while they run, the next k-step's decode (into
+    // a_next); then the wait, the stage freed, and the promotion of blk with this k-step's scales.
+    // FOLD: k-step kt's wgmma accumulate into acc; the wait lets them run on while k-step kt - 1's
+    // are awaited (their A registers are a_next's, their stage is freed), then the next decode.
     auto step = [&](const uint32_t (&a)[RS][4][4], const unsigned short (&sc)[RS][2], uint32_t (&a_next)[RS][4][4],
                     unsigned short (&sc_next)[RS][2], int kt) {
       const int g = it + kt;
@@ -485,25 +480,16 @@ ternary_wgmma_s8_kernel(const __grid_constant__ CUtensorMap x_map,     // xq [M,
 #pragma unroll
           for (int q = 0; q < 4; ++q) wgmma_s8<BM>(acc[rs], a[rs][q], sw128_desc(xb + 32 * q), (kt | q) != 0);
         wgmma_commit();
-        uint2 c[RS][2];
-        // (256-row tiles fetch after the wait: before it, ptxas spills ~350 bytes around the k-loop)
-        constexpr bool kEarly = RS == 1;
-        if (kEarly && kt + 1 < nk) fetch(c, sc_next, kt + 1);
         wgmma_wait<1>();
         if (kt > 0 && lane == 0) mbar_arrive(empty_bar + 8 * ((g - 1) % STAGES));
-        if (!kEarly && kt + 1 < nk) fetch(c, sc_next, kt + 1);
-        if (kt + 1 < nk) decode(a_next, c, sc_next);
+        if (kt + 1 < nk) decode(a_next, sc_next, kt + 1);
       } else {
         fence_accumulators(blk);
         wgmma_arrive();
 #pragma unroll
         for (int q = 0; q < 4; ++q) wgmma_s8<BM>(blk, a[0][q], sw128_desc(xb + 32 * q), q);
         wgmma_commit();
-        if (kt + 1 < nk) {
-          uint2 c[RS][2];
-          fetch(c, sc_next, kt + 1);
-          decode(a_next, c, sc_next);
-        }
+        if (kt + 1 < nk) decode(a_next, sc_next, kt + 1);
         wgmma_wait<0>();
         fence_accumulators(blk);
         if (lane == 0) mbar_arrive(empty_bar + 8 * (g % STAGES));
@@ -518,11 +504,7 @@ ternary_wgmma_s8_kernel(const __grid_constant__ CUtensorMap x_map,     // xq [M,
 #pragma unroll
       for (int rs = 0; rs < RS; ++rs) fence_accumulators(acc[rs]);
     }
-    {
-      uint2 c[RS][2];
-      fetch(c, sc0, 0);
-      decode(a0, c, sc0);
-    }
+    decode(a0, sc0, 0);
     for (int kt = 0; kt < nk; kt += 2) {
       step(a0, sc0, a1, sc1, kt);
       if (kt + 1 >= nk) break;
@@ -714,10 +696,19 @@ cudaError_t launch_quantize_s8(bool bf16, const void* x, int8_t* xq, float* sx, 
   // natural order: ldq == K, so 8-byte aligned rows; permuted: ldq % 128 == 0, 4-byte words
   if (K % 8 == 0 && K <= kQuantVecMaxK && reinterpret_cast<uintptr_t>(x) % 16 == 0 &&
       reinterpret_cast<uintptr_t>(xq) % (permute ? 4 : 8) == 0) {
-#define TERNARY_QUANT_VEC(T, P) \
-  quantize_s8_vec_kernel<T, P><<<grid, kQuantThreads, 0, stream>>>(static_cast<const T*>(x), xq, sx, K, ldq)
-    if (bf16) permute ? TERNARY_QUANT_VEC(__nv_bfloat16, true) : TERNARY_QUANT_VEC(__nv_bfloat16, false);
-    else permute ? TERNARY_QUANT_VEC(__half, true) : TERNARY_QUANT_VEC(__half, false);
+    // 16-byte vectors to write (the padding's too), the passes that cover them with at most 256
+    // threads, and the threads (whole warps) that need
+    const int nout = (permute ? ldq : K) / 8;
+    const int passes = nout <= kQuantThreads ? 1 : nout <= 2 * kQuantThreads ? 2 : nout <= 4 * kQuantThreads ? 4 : 8;
+    const int threads = std::min(kQuantThreads, ((nout + passes - 1) / passes + 31) / 32 * 32);
+#define TERNARY_QUANT_VEC(T, P, N) \
+  quantize_s8_vec_kernel<T, P, N><<<grid, threads, 0, stream>>>(static_cast<const T*>(x), xq, sx, K, ldq)
+#define TERNARY_QUANT_VEC_PASSES(T, P)                                                                   \
+  (passes == 1 ? TERNARY_QUANT_VEC(T, P, 1) : passes == 2 ? TERNARY_QUANT_VEC(T, P, 2)                   \
+                                            : passes == 4 ? TERNARY_QUANT_VEC(T, P, 4) : TERNARY_QUANT_VEC(T, P, 8))
+    if (bf16) permute ? TERNARY_QUANT_VEC_PASSES(__nv_bfloat16, true) : TERNARY_QUANT_VEC_PASSES(__nv_bfloat16, false);
+    else permute ? TERNARY_QUANT_VEC_PASSES(__half, true) : TERNARY_QUANT_VEC_PASSES(__half, false);
+#undef TERNARY_QUANT_VEC_PASSES
 #undef TERNARY_QUANT_VEC
     return cudaGetLastError();
   }

@@ -14,6 +14,7 @@
 #                                                   # against cuBLAS (s8_quick.py; carry .whl only)
 #   bash benchmarks/gpu/gpu_e2e_run.sh setup s8_ab         # the s8 kernel of other commits (.e2e/ab/*, carried
 #                                                   # with .whl) and this checkout's, timed in one call
+#   bash benchmarks/gpu/gpu_e2e_run.sh setup s8_ab band_only   # then bench_band alone (BAND_ARGS)
 #   ORDER="mma floor" bash benchmarks/probes/run_probes.sh  # kernels alone, outside torch (seconds; no setup)
 #   bash benchmarks/gpu/gpu_e2e_run.sh setup humming_gemv  # the kernel over Humming's layout (band HG): tests,
 #                                                   # bench_band, its probe, memcheck (carry .whl only)
@@ -250,6 +251,15 @@ stage_w2a8_fold() {
   grep -E "per layer|Error|error:" "$LOGS/s8_fold.log" | head -30
 }
 
+# bench_band.py alone (no tests; after a stage that ran them), for the W2A8 band by default:
+# BAND_ARGS (default --models 8B 0.6B --ms 64 256 1024 4096 16384), BAND_TIMEOUT (default 300 s)
+stage_band_only() {
+  timeout ${BAND_TIMEOUT:-300} python3 benchmarks/bench_band.py --out "$OUT" \
+    ${BAND_ARGS:---models 8B 0.6B --ms 64 256 1024 4096 16384} > "$LOGS/bench_band.log" 2>&1 \
+    || tail -30 "$LOGS/bench_band.log"
+  grep -E "^8B|^0.6B" "$LOGS/bench_band.log" | tail -30
+}
+
 # The s8 kernel before and after a change, on one machine: every tree under .e2e/ab/ (ignored; made
 # on the dev machine with `git archive COMMIT setup.py pyproject.toml csrc ternary_plugin benchmarks/*.py
 # benchmarks/probes | tar -x -C .e2e/ab/NAME`, carried) is built in place while this checkout's tests
@@ -287,79 +297,53 @@ stage_wgmma() {
   sed -n '/^wgmma kernel (sm_90a)/,$p' "$OUT/kernel-wgmma.md" | head -60
 }
 
-# ncu_cases KERNEL_REGEX PATH TAG SECTIONS CASE...: Nsight Compute on one launch of a kernel
-# (gemm_path forced to PATH) per CASE name:K:N:M, its report in $LOGS/ncu-TAG-name-mM.txt and the
-# key lines printed
+# ncu_cases KERNEL_REGEX PATH TAG SECTIONS CASE...: Nsight Compute on one launch of a kernel per
+# CASE name:K:N:M, its report in $NCU_DIR (default $LOGS)/ncu-TAG-name-mM.txt and the key lines
+# printed. PATH: gemm_path forced to that path, or s8:ROWS for gemm_w2a8_path (folded scales,
+# ROWS-row tiles)
 ncu_cases() {
   local kernel=$1 path=$2 tag=$3 sections=$4; shift 4
   for case in "$@"; do
     IFS=: read -r name k n m <<< "$case"
     # shellcheck disable=SC2086  # the sections are separate words
+    local report=${NCU_DIR:-$LOGS}/ncu-$tag-$name-m$m.txt
     timeout 150 ncu --clock-control none -k "regex:$kernel" --launch-skip 3 --launch-count 1 $sections \
-      python3 - "$m" "$k" "$n" "$path" > "$LOGS/ncu-$tag-$name-m$m.txt" 2>&1 <<'EOF2'
+      python3 - "$m" "$k" "$n" "$path" > "$report" 2>&1 <<'EOF2'
 import sys, torch
 from ternary_plugin import format as fmt, ops
 assert ops.op_available(), ops._state
-m, k, n, path = (int(a) for a in sys.argv[1:5])
+m, k, n = (int(a) for a in sys.argv[1:4])
+path = sys.argv[4]
 packed = ops.pad_packed_rows(fmt.pack_ternary(torch.randint(-1, 2, (n, k), dtype=torch.int8))).cuda()
 scale = (torch.rand(n, fmt.scale_cols(k, 128)) * 0.05 + 0.01).half().cuda()
 x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
 for _ in range(5):
-    torch.ops.ternary_serve.gemm_path(x, packed, scale, None, 128, 0, path, 0, 0)
+    if path.startswith("s8:"):
+        torch.ops.ternary_serve.gemm_w2a8_path(x, packed, scale, None, 128, 0, fold=True, rows=int(path[3:]))
+    else:
+        torch.ops.ternary_serve.gemm_path(x, packed, scale, None, 128, 0, int(path), 0, 0)
 torch.cuda.synchronize()
 EOF2
     echo "--- ncu $tag $name M=$m"
     grep -E "Duration|Memory Throughput|DRAM Throughput|Compute \(SM\) Throughput|Registers Per|Achieved Occupancy|Theoretical Occupancy|Block Limit|Warp Cycles Per Issued|Stall|Grid Size|Cluster Size|Dynamic Shared|Waves Per SM|L2 Hit|Issue Slots Busy|Executed Ipc A|Mem Busy|Max Bandwidth|One or More|No Eligible|stalled_[a-z_]*_per_issue_active.ratio +[0-9.]*[1-9]" \
-      "$LOGS/ncu-$tag-$name-m$m.txt" | head -70
+      "$report" | head -70
   done
 }
 NCU_SECTIONS="--section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
   --section MemoryWorkloadAnalysis --section SchedulerStats"
 
 # Nsight Compute on the s8 kernel, folded scales, 128- and 256-row tiles (S8_CASES name:K:N:M,
-# default 8B gate_up at M 4096): where a k-step's time goes (notes, v18). Reports come back in $OUT.
+# default 8B gate_up at M 4096 and 0.6B o at M 16384): where a k-step's time goes and the warps'
+# stall reasons (notes, v18-v19). Reports come back in $OUT.
 stage_profile_s8() {
-  local case name k n m rows
-  for case in ${S8_CASES:-gate_up:4096:24576:4096}; do
-    IFS=: read -r name k n m <<< "$case"
-    for rows in 128 256; do
-      # shellcheck disable=SC2086  # the sections are separate words
-      timeout 150 ncu --clock-control none -k "regex:ternary_wgmma_s8_kernel" --launch-skip 3 --launch-count 1 \
-        $NCU_SECTIONS --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis_Tables \
-        python3 - "$m" "$k" "$n" "$rows" > "$OUT/ncu-s8-$name-m$m-rows$rows.txt" 2>&1 <<'EOF2'
-import sys, torch
-from ternary_plugin import format as fmt, ops
-assert ops.op_available(), ops._state
-m, k, n, rows = (int(a) for a in sys.argv[1:5])
-packed = ops.pad_packed_rows(fmt.pack_ternary(torch.randint(-1, 2, (n, k), dtype=torch.int8))).cuda()
-scale = (torch.rand(n, fmt.scale_cols(k, 128)) * 0.05 + 0.01).half().cuda()
-x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
-for _ in range(5):
-    torch.ops.ternary_serve.gemm_w2a8_path(x, packed, scale, None, 128, 0, fold=True, rows=rows)
-torch.cuda.synchronize()
-EOF2
-      echo "--- ncu s8 $name M=$m rows=$rows"
-      grep -E "Duration|Memory Throughput|DRAM Throughput|Compute \(SM\) Throughput|L2 Hit|L1/TEX Hit|Executed Ipc A|Issue Slots Busy|Warp Cycles Per Issued|No Eligible|Max Bandwidth|Mem Busy|L2 Cache Throughput|lts__t" \
-        "$OUT/ncu-s8-$name-m$m-rows$rows.txt" | head -30
-    done
+  local rows
+  for rows in 128 256; do
+    # shellcheck disable=SC2086  # the cases are separate words
+    NCU_DIR=$OUT ncu_cases ternary_wgmma_s8_kernel "s8:$rows" "s8-rows$rows" "$NCU_SECTIONS \
+      --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis_Tables \
+      --metrics regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio" \
+      ${S8_CASES:-gate_up:4096:24576:4096 o06b:2048:1024:16384}
   done
-}
-
-stage_profile() {  # the tensor-core kernel: gate_up (K 1024, N 6144) at M 1 and 16, and down (K 3072,
-  # N 1024) at M 1, where the auto split-K runs 3-CTA clusters
-  ncu_cases ternary_mma_kernel 2 mma "$NCU_SECTIONS" gate_up:1024:6144:1 gate_up:1024:6144:16 down:3072:1024:1
-}
-
-stage_profile_tiled() {  # the tiled kernel: gate_up at M 4096 (128-row tile) and o (K 2048, N 1024) at
-  # M 256 (64-row tile, 4 units a stage)
-  ncu_cases ternary_tiled_kernel 4 tiled "$NCU_SECTIONS --section ComputeWorkloadAnalysis" \
-    gate_up:1024:6144:4096 o:2048:1024:256
-}
-
-stage_profile_wgmma() {  # the wgmma kernel (auto tile): gate_up and o/tp4 (K 512, N 1024) at M 4096
-  ncu_cases ternary_wgmma_kernel 5 wgmma "$NCU_SECTIONS --section ComputeWorkloadAnalysis \
-    --metrics regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio" \
-    gate_up:1024:6144:4096 o_tp4:512:1024:4096
 }
 
 stage_prepare() {
