@@ -136,8 +136,7 @@ def bench_layer(model, layer, k, n, m, l2, replays, humming_ok, s8_sweep=False):
             row["s8_split_us"] = {s: round(time_graph([lambda i=i, s=s: s8(
                 xs[i % len(xs)], packs[i], scales[i], None, 128, 0, k_split=s) for i in range(copies_t)],
                 replays), 3) for s in (1, 2, 4, 8) if s <= steps}
-    layout, why = dispatch.plan_layout(n, k, 128, 0, dev, backend="auto", humming_importable=humming_ok,
-                                       humming_tiles=row["tiles"].get("w2a16", False))
+    layout, why = dispatch.plan_layout(n, k, 128, 0, dev, backend="auto", humming_importable=humming_ok)
     row["layout"], row["layout_why"] = layout, why
     row["backend"], row["ternary_us"] = op_pick(row, dev)
     derive_both(row, dev, humming_ok)
@@ -194,7 +193,7 @@ def derive_w2a8(row: dict, dev, humming_ok: bool) -> None:
 
     m, n, k = row["M"], row["N"], row["K"]
     layout8, _ = dispatch.plan_layout(n, k, 128, 0, dev, backend="auto", humming_importable=humming_ok,
-                                      activation_dtype="int8", humming_tiles=row.get("tiles", {}).get("w2a8", False))
+                                      activation_dtype="int8")
     pick8 = dispatch.plan_w2a8(dispatch.Call(m, n, k), dev, layout8).backend
     row["w2a8_layout"], row["w2a8_backend"] = layout8, pick8
     # the s8 kernel as TERNARY_W2A8_FOLD runs it (results from before the folded kernel: the exact one)

@@ -73,7 +73,7 @@ LIMITS: tuple[Limit, ...] = (
           "on a layer holding both layouts, largest M that keeps this repository's tensor-core kernel (band H2)"),
     Limit("TERNARY_BOTH_WGMMA_MIN_M", 256,
           "on a layer holding both layouts, smallest M that keeps this repository's wgmma kernel (band H2)"),
-    Limit("TERNARY_W2A8_WGMMA_MIN_MN", 100_663_296,
+    Limit("TERNARY_W2A8_WGMMA_MIN_MN", 16_777_216,
           "int8 activations on Hopper: smallest M x N that takes this repository's s8 wgmma kernel on a layer that "
           "also holds Humming's layout, Humming's int2 x int8 below (band Q2; 1: ours at every M, no Humming layout; "
           "0: Humming at every M)"),
@@ -354,17 +354,19 @@ W2A8_BANDS: tuple[Band, ...] = (
                "128", WGMMA_S8, "wgmma s8, 64/128 tokens x 128 W rows, persistent or split 2-8 ways along K; block "
                       "scales folded into the int8 weights (TERNARY_W2A8_FOLD), then also 128 tokens x 256 W rows "
                       "where those tiles fill the GPU (the kernel's cost model)",
-         "the int8 tensor cores at twice the bf16 rate (kernel-h200.md, W2A8 columns); folded, per 8B decoder layer "
-         "1.04-1.30x the exact-scale kernel, and with 256-row tiles 1.07/1.16/1.38x cuBLAS bf16 at M 1024/4096/16384 "
-         "(H100, s8-fold-h100.md)",
+         "the int8 tensor cores at twice the bf16 rate; folded, per 8B decoder layer 1.2-1.4x the exact-scale "
+         "kernel, and on the H200 1.22/1.41/1.64x cuBLAS bf16 at M 1024/4096/16384 (s8-ab-h200.md: scales staged "
+         "under the tile before, activations quantized with 16-byte loads)",
          lambda c, d, l, layout: layout == "ternary" and d.hopper and wgmma_s8_aligned(c)),
-    Band("Q2", "the layer holds both layouts (no Humming tiles measured for it on this GPU: plan_layout); "
-               "compute capability 9.0, same alignment, M x N >= TERNARY_W2A8_WGMMA_MIN_MN (6144 x 16384)",
+    Band("Q2", "the layer holds both layouts (plan_layout); compute capability 9.0, same alignment, "
+               "M x N >= TERNARY_W2A8_WGMMA_MIN_MN (4096 x 4096)",
          WGMMA_S8, "wgmma s8",
-         "Humming's heuristic picks 160-token int2 x int8 tiles that run 1.7-2.5x slow: 8B gate_up M 4096 2094 vs "
-         "ours 1118 us, qkv M 16384 2125 vs 1241, 0.6B gate_up M 16384 613 vs 390; below it Humming wins (gate_up "
-         "M 1024 225 vs 294, o M 16384 590 vs 897; kernel-h200.md, second s8 run). With measured tiles Humming "
-         "wins everywhere (gate_up M 4096 842, qkv M 16384 866; humming-tiles-h200.md)",
+         "from M x N 4096 x 4096 ours is the faster at every measured (layer, M) of 8B and 0.6B shapes: on the H100 "
+         "against Humming's heuristic tiles in two runs (kernel-h100-w2a8.md: 8B o M 4096 139 vs 169 us, down M 4096 "
+         "405 vs 479, 0.6B o M 16384 115 vs 119), on the H200 against the tiles measured for it (8B qkv / o / gate_up "
+         "/ down M 4096 198 / 145 / 697 / 389 vs 234 / 164 / 850 / 461, s8-ab-h200.md and kernel-h200-hg.md); below "
+         "it Humming wins or ties (H100: 8B qkv M 1024 62.7 vs 64.2, gate_up M 256 62.0 vs 61.2, 0.6B o M 4096 31.9 "
+         "vs 33.3)",
          lambda c, d, l, layout: (layout == "both" and d.hopper and wgmma_s8_aligned(c)
                                   and 0 < l["TERNARY_W2A8_WGMMA_MIN_MN"] <= c.m * c.n)),
     Band("QH", "the layer holds Humming's layout (alone, or both below band Q2)", 0,
@@ -422,18 +424,18 @@ def humming_eligible(n: int, k: int, block_size: int, k_offset: int, dtype_ok: b
 
 def plan_layout(n: int, k: int, block_size: int, k_offset: int, dev: Device, *, backend: str,
                 humming_importable: bool, dtype_ok: bool = True, lim: dict[str, int] | None = None,
-                activation_dtype: str | None = None, humming_tiles: bool = False) -> tuple[str, str]:
+                activation_dtype: str | None = None) -> tuple[str, str]:
     """(layout, why) for a layer of N x K on ``dev``. ``backend`` is TERNARY_GPU_BACKEND's value:
     auto takes Humming's layout where Humming is importable, the device is sm_80+, the layer is
     eligible and has at least TERNARY_HUMMING_MIN_WEIGHTS weights (measured: Humming won on the
     8B shapes from M 16 and lost on the 0.6B ones at every M), and at any size in the int8-activation
     mode (``activation_dtype`` "int8") where this repository's s8 kernel cannot run (not Hopper, blocks off
     128-weight boundaries), elsewhere in that mode both where the layer is wide enough that our s8
-    kernel wins at some M up to 16384 (TERNARY_W2A8_WGMMA_MIN_MN) against Humming's heuristic tiles,
-    Humming's alone where not or where ``humming_tiles`` (humming_tiles.json holds tiles measured for
-    the layer on this GPU, which beat the s8 kernel at every M measured); both does the same
-    but keeps the ternary layout too (twice the packed bytes) and takes, per M, the kernel band H2
-    names; ternary never; humming wherever eligible (an error where Humming is missing)."""
+    kernel wins at some M up to 16384 (M x N >= TERNARY_W2A8_WGMMA_MIN_MN: against Humming's
+    heuristic tiles and against the tiles humming_tiles.json measured alike, band Q2), Humming's
+    alone where not; both does the same but keeps the ternary layout too (twice the packed bytes)
+    and takes, per M, the kernel band H2 names; ternary never; humming wherever eligible (an error
+    where Humming is missing)."""
     if backend not in BACKENDS:
         raise ValueError(f"{BACKEND_ENV}={backend!r}: must be one of {', '.join(BACKENDS)}")
     lim = lim if lim is not None else limits()
@@ -457,15 +459,11 @@ def plan_layout(n: int, k: int, block_size: int, k_offset: int, dev: Device, *, 
         min_mn = lim["TERNARY_W2A8_WGMMA_MIN_MN"]
         if min_mn == 1:
             return "ternary", "int8 activations, TERNARY_W2A8_WGMMA_MIN_MN=1: this repository's s8 wgmma kernel at every M"
-        if humming_tiles:
-            return "humming", ("int8 activations: Humming's int2 x int8 with the tiles measured for this layer on this "
-                               "GPU (ternary_plugin/humming_tiles.json), faster than the s8 wgmma kernel at every M "
-                               "measured")
         if min_mn == 0 or n * W2A8_MAX_M < min_mn:
             return "humming", (f"int8 activations: Humming's int2 x int8 at every M up to {W2A8_MAX_M} (N x M < "
                                f"TERNARY_W2A8_WGMMA_MIN_MN {min_mn})")
         return "both", (f"int8 activations: Humming's int2 x int8 below M x N {min_mn}, the s8 wgmma kernel from M "
-                        f"{-(-min_mn // n)} (twice the packed bytes)")
+                        f"{-(-min_mn // n)} (twice the packed bytes: TERNARY_W2A8_WGMMA_MIN_MN=0 or 1 keeps one)")
     if backend in ("auto", "both") and n * k < lim["TERNARY_HUMMING_MIN_WEIGHTS"]:
         return "ternary", f"N x K = {n * k} < TERNARY_HUMMING_MIN_WEIGHTS ({lim['TERNARY_HUMMING_MIN_WEIGHTS']})"
     if backend == "both":

@@ -121,7 +121,6 @@ class TernaryLinearMethod(LinearMethodBase):
             backend=envs.get(dispatch.BACKEND_ENV) or "auto",
             humming_importable=importable,
             dtype_ok=dtype in (torch.float16, torch.bfloat16), activation_dtype=activation_dtype,
-            humming_tiles=tiles,
         )
         _log_layout_once(n, kp, dev, layout, why, activation_dtype == "int8", tiles)
         if layout == "ternary":

@@ -167,11 +167,14 @@ def test_humming_repack_keeps_every_code(n, k):
 def test_int8_activations_take_our_s8_kernel_on_hopper_and_hummings_elsewhere():
     kw = dict(humming_importable=True, lim=LIM, activation_dtype="int8")
     a100 = d.Device(108, (8, 0), "A100")
-    # Hopper, Humming importable: both layouts where M x N reaches TERNARY_W2A8_WGMMA_MIN_MN (6144 x
-    # 16384) by M 16384, i.e. N >= 6144; Humming's alone on narrower layers
+    # Hopper, Humming importable: both layouts where M x N reaches TERNARY_W2A8_WGMMA_MIN_MN (4096 x
+    # 4096) by M 16384, i.e. N >= 1024; Humming's alone on narrower layers
     assert d.plan_layout(24576, 4096, 128, 0, H200, backend="auto", **kw)[0] == "both"
     assert d.plan_layout(6144, 1024, 128, 0, H200, backend="auto", **kw)[0] == "both"
-    assert d.plan_layout(4096, 12288, 128, 0, H200, backend="auto", **kw)[0] == "humming"
+    assert d.plan_layout(4096, 12288, 128, 0, H200, backend="auto", **kw)[0] == "both"
+    assert d.plan_layout(1024, 2048, 128, 0, H200, backend="auto", **kw)[0] == "both"
+    layout, why = d.plan_layout(896, 1024, 128, 0, H200, backend="auto", **kw)
+    assert layout == "humming" and "TERNARY_W2A8_WGMMA_MIN_MN" in why
     assert d.plan_layout(4096, 4096, 128, 0, H200, backend="humming", **kw)[0] == "humming"
     ours = {**kw, "lim": {**LIM, "TERNARY_W2A8_WGMMA_MIN_MN": 1}}
     assert d.plan_layout(1024, 768, 128, 0, H200, backend="auto", **ours)[0] == "ternary"
@@ -199,10 +202,12 @@ def test_int8_activations_take_our_s8_kernel_on_hopper_and_hummings_elsewhere():
     assert w2a8(1, "ternary", lim=off) == ("wgmma s8", "Q1", "ternary")
     assert w2a8(1, "humming", lim=off) == ("humming int2", "QH", "humming")
     assert w2a8(16384, "ternary") == ("wgmma s8", "Q1", "ternary")
-    assert w2a8(4095, "both", n=24576) == ("humming int2", "QH", "humming")
-    assert w2a8(4096, "both", n=24576) == ("wgmma s8", "Q2", "ternary")
-    assert w2a8(16383, "both", n=6144) == ("humming int2", "QH", "humming")
-    assert w2a8(16384, "both", n=6144) == ("wgmma s8", "Q2", "ternary")
+    assert w2a8(682, "both", n=24576) == ("humming int2", "QH", "humming")
+    assert w2a8(683, "both", n=24576) == ("wgmma s8", "Q2", "ternary")
+    assert w2a8(4095, "both", n=4096) == ("humming int2", "QH", "humming")
+    assert w2a8(4096, "both", n=4096) == ("wgmma s8", "Q2", "ternary")
+    assert w2a8(16383, "both", n=1024) == ("humming int2", "QH", "humming")
+    assert w2a8(16384, "both", n=1024) == ("wgmma s8", "Q2", "ternary")
     assert w2a8(16384, "both", n=24576, lim={**LIM, "TERNARY_W2A8_WGMMA_MIN_MN": 0}) == ("humming int2", "QH",
                                                                                          "humming")
     assert w2a8(64, "humming") == ("humming int2", "QH", "humming")
@@ -216,16 +221,16 @@ def test_int8_activations_take_our_s8_kernel_on_hopper_and_hummings_elsewhere():
     assert "wgmma s8 (Q1)" in d.describe(4096, 4096, H200, "ternary", w2a8=True)
 
 
-def test_int8_activations_take_hummings_layout_alone_where_its_tiles_were_measured():
-    """With humming_tiles.json's tiles for the layer on this GPU, Humming's int2 x int8 beat the s8
-    kernel at every M measured: no second layout (half the packed bytes); an explicit
-    TERNARY_W2A8_WGMMA_MIN_MN=1 still insists on ours, and bf16 activations are not affected."""
-    kw = dict(humming_importable=True, lim=LIM, activation_dtype="int8", humming_tiles=True)
+def test_int8_activations_keep_one_layout_where_the_limit_says_so():
+    """Both layouts cost twice the packed bytes: TERNARY_W2A8_WGMMA_MIN_MN=1 keeps the ternary one
+    (our s8 kernel at every M past band QB), 0 Humming's; bf16 activations are not affected."""
+    kw = dict(humming_importable=True, lim=LIM, activation_dtype="int8")
     layout, why = d.plan_layout(24576, 4096, 128, 0, H200, backend="auto", **kw)
-    assert layout == "humming" and "humming_tiles.json" in why
-    assert d.plan_layout(6144, 1024, 128, 0, H200, backend="auto", **kw)[0] == "humming"
+    assert layout == "both" and "twice the packed bytes" in why and "from M 683" in why
     ours = {**kw, "lim": {**LIM, "TERNARY_W2A8_WGMMA_MIN_MN": 1}}
     assert d.plan_layout(24576, 4096, 128, 0, H200, backend="auto", **ours)[0] == "ternary"
+    hum = {**kw, "lim": {**LIM, "TERNARY_W2A8_WGMMA_MIN_MN": 0}}
+    assert d.plan_layout(24576, 4096, 128, 0, H200, backend="auto", **hum)[0] == "humming"
     assert d.plan_layout(24576, 4096, 128, 0, H200, backend="both", **{**kw, "activation_dtype": None})[0] == "both"
 
 
