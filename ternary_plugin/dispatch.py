@@ -430,7 +430,10 @@ def plan_layout(n: int, k: int, block_size: int, k_offset: int, dev: Device, *, 
     eligible and has at least TERNARY_HUMMING_MIN_WEIGHTS weights (measured: Humming won on the
     8B shapes from M 16 and lost on the 0.6B ones at every M), and at any size in the int8-activation
     mode (``activation_dtype`` "int8") where this repository's s8 kernel cannot run (not Hopper, blocks off
-    128-weight boundaries), elsewhere in that mode both where the layer is wide enough that our s8
+    128-weight boundaries); elsewhere in that mode the ternary layout below TERNARY_HUMMING_MIN_WEIGHTS
+    as with bf16 activations (0.6B-sized layers: band QB's bf16-activation op, our kernels, beat both
+    int8 kernels to M 64 by 1.2-2.4x and Humming's int2 x int8 gains at most ~14 % at M 256-1024 on
+    them, kernel-h100.md), both where the layer is wide enough that our s8
     kernel wins at some M up to 16384 (M x N >= TERNARY_W2A8_WGMMA_MIN_MN: against Humming's
     heuristic tiles and against the tiles humming_tiles.json measured alike, band Q2), Humming's
     alone where not; both does the same but keeps the ternary layout too (twice the packed bytes)
@@ -456,6 +459,10 @@ def plan_layout(n: int, k: int, block_size: int, k_offset: int, dev: Device, *, 
             return "humming", "int8 activations: Humming's int2 x int8 kernel (no s8 kernel of ours for this layer)"
         if backend == "humming":
             return "humming", f"{BACKEND_ENV}=humming, int8 activations"
+        if n * k < lim["TERNARY_HUMMING_MIN_WEIGHTS"]:
+            return "ternary", (f"int8 activations, N x K = {n * k} < TERNARY_HUMMING_MIN_WEIGHTS "
+                               f"({lim['TERNARY_HUMMING_MIN_WEIGHTS']}): the bf16-activation op to M "
+                               f"{lim['TERNARY_W2A8_BF16_TERNARY_MAX_M']}, the s8 wgmma kernel above")
         min_mn = lim["TERNARY_W2A8_WGMMA_MIN_MN"]
         if min_mn == 1:
             return "ternary", "int8 activations, TERNARY_W2A8_WGMMA_MIN_MN=1: this repository's s8 wgmma kernel at every M"

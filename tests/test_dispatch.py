@@ -167,14 +167,18 @@ def test_humming_repack_keeps_every_code(n, k):
 def test_int8_activations_take_our_s8_kernel_on_hopper_and_hummings_elsewhere():
     kw = dict(humming_importable=True, lim=LIM, activation_dtype="int8")
     a100 = d.Device(108, (8, 0), "A100")
-    # Hopper, Humming importable: both layouts where M x N reaches TERNARY_W2A8_WGMMA_MIN_MN (4096 x
-    # 4096) by M 16384, i.e. N >= 1024; Humming's alone on narrower layers
+    # Hopper, Humming importable: layers of N x K >= TERNARY_HUMMING_MIN_WEIGHTS take both layouts
+    # where M x N reaches TERNARY_W2A8_WGMMA_MIN_MN (4096 x 4096) by M 16384, i.e. N >= 1024, Humming's
+    # alone on narrower ones; smaller layers keep the ternary layout, as with bf16 activations
     assert d.plan_layout(24576, 4096, 128, 0, H200, backend="auto", **kw)[0] == "both"
-    assert d.plan_layout(6144, 1024, 128, 0, H200, backend="auto", **kw)[0] == "both"
     assert d.plan_layout(4096, 12288, 128, 0, H200, backend="auto", **kw)[0] == "both"
-    assert d.plan_layout(1024, 2048, 128, 0, H200, backend="auto", **kw)[0] == "both"
-    layout, why = d.plan_layout(896, 1024, 128, 0, H200, backend="auto", **kw)
+    assert d.plan_layout(4096, 4096, 128, 0, H200, backend="auto", **kw)[0] == "both"
+    layout, why = d.plan_layout(896, 20480, 128, 0, H200, backend="auto", **kw)
     assert layout == "humming" and "TERNARY_W2A8_WGMMA_MIN_MN" in why
+    layout, why = d.plan_layout(6144, 1024, 128, 0, H200, backend="auto", **kw)
+    assert layout == "ternary" and "TERNARY_HUMMING_MIN_WEIGHTS" in why
+    assert d.plan_layout(4096, 3968, 128, 0, H200, backend="auto", **kw)[0] == "ternary"  # one block short
+    assert d.plan_layout(6144, 1024, 128, 0, H200, backend="humming", **kw)[0] == "humming"
     assert d.plan_layout(4096, 4096, 128, 0, H200, backend="humming", **kw)[0] == "humming"
     ours = {**kw, "lim": {**LIM, "TERNARY_W2A8_WGMMA_MIN_MN": 1}}
     assert d.plan_layout(1024, 768, 128, 0, H200, backend="auto", **ours)[0] == "ternary"
