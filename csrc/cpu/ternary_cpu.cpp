@@ -37,10 +37,13 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <array>
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
 #include <initializer_list>
 #include <limits>
+#include <map>
 #include <string>
 
 #include "../ternary_check.h"
@@ -171,10 +174,11 @@ std::string capped_isa(bool wide, const char* wide_name) {
   return "";
 }
 
-// The instruction set the CPU kernel runs with on this machine, "" where it cannot run.
-std::string kernel_isa() {
-  static const bool avx512 = cpu_supported();
-  return capped_isa(avx512, "avx512_bf16");
+// The instruction set the CPU kernel runs with on this machine, "" where it cannot run. Decided
+// once (its inputs are read once per process): the op asks on every call.
+const std::string& kernel_isa() {
+  static const std::string isa = capped_isa(cpu_supported(), "avx512_bf16");
+  return isa;
 }
 
 // The tile kernel bf16 x of M rows takes, "" where it takes none (M in the small-M regime, or the
@@ -209,6 +213,103 @@ int64_t balanced_tile_rows(int64_t N, int64_t fit, int64_t threads, int64_t mult
   return ((N + want - 1) / want + multiple - 1) / multiple * multiple;
 }
 
+// Per-call overhead. In vLLM-CPU a MiniLM layer's GEMM at M 16-32 takes 15-70 us, and every
+// ATen op the op ran around its kernel (torch::zeros for the tail copy and a padded x,
+// bias.to(float), narrow + copy_, torch::empty for each thread's tile) cost ~1-2 us through the
+// dispatcher and allocator: ~8 us a call until 2026-12-05 (a 64 x 128 call at M 16: 13.2 us,
+// now 5.1; 24 calls a MiniLM forward; docs/kernel.md, CPU, "Per-call overhead"). So the small
+// buffers below live in per-thread scratch that is reused across calls, x is read in place where
+// it needs no padding, and the weights' tail copy and an fp32 bias are plain memory.
+
+// Scratch buffers of a thread, one per use (a slot), each kept for its next call: grown to the
+// largest request and never shrunk, so a thread holds at most its largest tile, C block, bias
+// and tail (each bounded by the tile constants above or by N / ldp) and, below kScratchMaxBytes
+// each, the W2A8 op's x buffers (call_buffer); never y.
+enum ScratchSlot {
+  kSlotTile, kSlotTileScales, kSlotC,  // a worker's: its decoded tile, the tile's scales, a brgemm call's C
+  kSlotBias, kSlotTail,                // the caller's: bias in fp32, the packed rows' tail copy
+  kSlotX, kSlotXScales, kSlotXSums,    // the caller's, W2A8: x quantized (or by entries), sx, negsum
+  kSlotRowData,                        // the caller's, W2A8 on AMX: each W row's correction and scale
+  kSlotCount
+};
+
+// `bytes` of 64-byte aligned memory, this thread's slot `slot`: valid until this thread asks for
+// the same slot again. A call's worker threads each use their own; the calling thread is one of
+// them, hence the separate slots for what the caller fills (bias, tail) and what workers do.
+void* scratch(ScratchSlot slot, int64_t bytes) {
+  struct Buffer {
+    void* p = nullptr;
+    int64_t n = 0;
+    ~Buffer() { std::free(p); }
+  };
+  thread_local Buffer buffers[kSlotCount];
+  Buffer& b = buffers[slot];
+  if (b.n < bytes) {
+    std::free(b.p);
+    b.n = (std::max<int64_t>(bytes, 64) + 63) / 64 * 64;  // aligned_alloc wants a multiple of the alignment
+    b.p = std::aligned_alloc(64, static_cast<size_t>(b.n));
+    TORCH_CHECK(b.p != nullptr, "ternary_serve (CPU): cannot allocate ", b.n, " bytes of scratch");
+  }
+  return b.p;
+}
+template <typename T>
+T* scratch(ScratchSlot slot, int64_t count) {
+  return static_cast<T*>(scratch(slot, count * static_cast<int64_t>(sizeof(T))));
+}
+
+// `count` T of 64-byte aligned memory for one call, sized by M (x's copies): this thread's slot
+// where that is at most kScratchMaxBytes, else a fresh tensor that `hold` keeps alive (no
+// thread keeps a large M's buffers).
+constexpr int64_t kScratchMaxBytes = 1024 * 1024;
+template <typename T>
+T* call_buffer(ScratchSlot slot, int64_t count, torch::Tensor& hold) {
+  const int64_t bytes = count * static_cast<int64_t>(sizeof(T));
+  if (bytes <= kScratchMaxBytes) return scratch<T>(slot, count);
+  hold = torch::empty({bytes}, torch::kByte);  // torch's CPU allocator aligns to 64 bytes
+  return reinterpret_cast<T*>(hold.data_ptr<uint8_t>());
+}
+
+// bias ([N] in x's dtype, contiguous or not) as fp32, exactly (bf16 and fp16 widen exactly):
+// its own storage where it is fp32 and contiguous, else this thread's kSlotBias. nullptr: none.
+const float* bias_f32(const std::optional<torch::Tensor>& bias) {
+  if (!bias) return nullptr;
+  const torch::Tensor& b = *bias;
+  if (b.scalar_type() == at::kFloat && b.is_contiguous()) return b.data_ptr<float>();
+  const int64_t n = b.size(0), stride = b.stride(0);
+  float* out = scratch<float>(kSlotBias, n);
+  if (b.scalar_type() == at::kBFloat16) {
+    const auto* v = b.data_ptr<at::BFloat16>();
+    for (int64_t i = 0; i < n; ++i) out[i] = static_cast<float>(v[i * stride]);
+  } else if (b.scalar_type() == at::kHalf) {
+    const auto* v = b.data_ptr<at::Half>();
+    for (int64_t i = 0; i < n; ++i) out[i] = static_cast<float>(v[i * stride]);
+  } else {
+    const auto* v = b.data_ptr<float>();
+    for (int64_t i = 0; i < n; ++i) out[i] = v[i * stride];
+  }
+  return out;
+}
+
+// make_vnni_plan(K, kc, block_size, k_offset), built once per thread and shape: a model has a few
+// layer shapes, and building its two vectors of kc / 2 was ~5 % of a small call. A bounded cache
+// (cleared past 64 shapes); the reference is valid until this thread's next lookup.
+const VnniPlan& vnni_plan(int64_t K, int64_t kc, int64_t block_size, int64_t k_offset) {
+  thread_local std::map<std::array<int64_t, 4>, VnniPlan> plans;
+  const std::array<int64_t, 4> key{K, kc, block_size, k_offset};
+  auto it = plans.find(key);
+  if (it == plans.end()) {
+    if (plans.size() >= 64) plans.clear();
+    it = plans.emplace(key, make_vnni_plan(K, kc, block_size, k_offset)).first;
+  }
+  return it->second;
+}
+
+// x itself where the kernels can read it in place ([M, kc] in `dtype`: contiguous, of that dtype,
+// K already whole chunks), else the zero-padded copy padded_x makes.
+torch::Tensor x_as(const torch::Tensor& x, int64_t kc, at::ScalarType dtype) {
+  return x.scalar_type() == dtype && x.size(1) == kc && x.is_contiguous() ? x : padded_x(x, kc, dtype);
+}
+
 #ifdef TERNARY_CPU_KERNELS
 // The tile driver of both kernels on oneDNN's batch-reduce GEMM (at::native::cpublas::brgemm:
 // AMX tiles where the CPU has them): gemm_cpu's brgemm tile (bf16 x: A bf16, B bf16, C fp32) and
@@ -229,21 +330,20 @@ void brgemm_tiles(int64_t M, int64_t N, int64_t kc, const A* a, int64_t tile_byt
   const int64_t tiles = (N + rows - 1) / rows;
   const int64_t xb = std::max<int64_t>(kBrgemmRows, xblock_bytes / x_row_bytes / kBrgemmRows * kBrgemmRows);
   at::parallel_for(0, tiles, 1, [&](int64_t t0, int64_t t1) {
-    const at::AutoDispatchBelowADInplaceOrView below_autograd;  // worker threads: fresh dispatch state
     // this thread's B matrices: [rows / kVnniCols, kc / v, kVnniCols, v], v = 4 / sizeof(B) (VNNI:
-    // a dword of each row a column group)
-    const auto tile = torch::empty({rows, kc}, torch::dtype<B>());
-    const auto c = torch::empty({kBrgemmRows, kVnniCols}, torch::dtype<C>());  // one call's C
+    // a dword of each row a column group); scratch, 64-byte aligned as oneDNN's loads like it
+    B* tile = scratch<B>(kSlotTile, rows * kc);
+    C* c = scratch<C>(kSlotC, kBrgemmRows * kVnniCols);  // one call's C [kBrgemmRows, kVnniCols]
     for (int64_t t = t0; t < t1; ++t) {
       const int64_t n0 = t * rows, n1 = std::min(N, n0 + rows);
-      decode(n0, n1, tile.template data_ptr<B>());
+      decode(n0, n1, tile);
       for (int64_t mx = 0; mx < M; mx += xb)
         for (int64_t n = n0; n < n1; n += kVnniCols)
           for (int64_t m0 = mx; m0 < std::min(M, mx + xb); m0 += kBrgemmRows) {
             const int64_t mt = std::min(kBrgemmRows, M - m0);
             at::native::cpublas::brgemm(mt, kVnniCols, kc, kc, kVnniCols, kVnniCols, false, a + m0 * kc,
-                                        tile.template data_ptr<B>() + (n - n0) * kc, c.template data_ptr<C>(), true);
-            store(c.template data_ptr<C>(), mt, m0, n, std::min(kVnniCols, N - n));
+                                        tile + (n - n0) * kc, c, true);
+            store(c, mt, m0, n, std::min(kVnniCols, N - n));
           }
     }
     at::native::cpublas::brgemm_release(true);
@@ -256,7 +356,7 @@ torch::Tensor gemm_cpu(const torch::Tensor& x,                  // [M, K] fp32 /
                        const torch::Tensor& scale_in,           // [N, lds] fp16
                        const std::optional<torch::Tensor>& bias,  // [N] x.dtype, or None
                        int64_t block_size, int64_t k_offset, bool /*pdl: a CUDA launch option*/) {
-  const std::string isa = kernel_isa();
+  const std::string& isa = kernel_isa();
   CHECK_ARG(!isa.empty(), "this CPU lacks both the AVX-512 (f, bw, vl, dq, vbmi, bf16) and the AVX2 (with fma, f16c) ",
             "the kernel needs (or is not x86-64; TERNARY_CPU_ISA=", requested_isa(), "); ",
             "use ternary_plugin.ops.ternary_linear, which takes the reference path here");
@@ -274,15 +374,23 @@ torch::Tensor gemm_cpu(const torch::Tensor& x,                  // [M, K] fp32 /
   if (poison_outputs()) y.fill_(std::numeric_limits<float>::quiet_NaN());
 #ifdef TERNARY_CPU_KERNELS
   const torch::Tensor packed = packed_in.contiguous(), scale = scale_in.contiguous();
-  const torch::Tensor bias_f = bias ? bias->to(at::kFloat).contiguous() : torch::Tensor();  // [N] fp32
-  const Plan plan = make_plan(K, block_size, k_offset);
   const int64_t ldp = packed.size(1);
   // The last rows, zero-padded by 8 bytes: a chunk may read 7 bytes past a row (Problem::row),
   // which for rows of fewer than 8 bytes (K <= 28) reaches past the next row too: every row whose
   // reads could end past the tensor, 1 + 7 / ldp of them, is read from this copy
   const int64_t tail_rows = std::min<int64_t>(N, 1 + 7 / std::max<int64_t>(ldp, 1));
-  const auto tail = torch::zeros({tail_rows * ldp + 8}, packed.options());
-  tail.narrow(0, 0, tail_rows * ldp).copy_(packed.narrow(0, N - tail_rows, tail_rows).reshape({-1}));
+  uint8_t* tail = scratch<uint8_t>(kSlotTail, tail_rows * ldp + 8);  // [tail_rows * ldp + 8]
+  std::memcpy(tail, packed.data_ptr<uint8_t>() + (N - tail_rows) * ldp, tail_rows * ldp);
+  std::memset(tail + tail_rows * ldp, 0, 8);
+  // On AVX2, x runs in fp32 in both regimes (no bf16 dot product there): bf16 takes fp32's rules
+  const bool avx2 = isa == "avx2", bf16 = dt == at::kBFloat16 && !avx2;
+  const int64_t kc = (K + kChunk - 1) / kChunk * kChunk;  // K in whole chunks: the padded buffers' rows
+  const bool small = M <= small_m_max(bf16);
+  const std::string tile_kernel = bf16 && !small ? bf16_tile(M) : std::string();
+  // the segmentation of K: what the small-M kernels and the dequantizing tiles read (the VNNI and
+  // pair-major tiles have their own plans)
+  const bool pair = tile_kernel == "pair" && k_offset % 2 == 0 && block_size % 2 == 0;
+  const Plan plan = small || (tile_kernel != "brgemm" && !pair) ? make_plan(K, block_size, k_offset) : Plan();
   const Problem p{M,
                   N,
                   K,
@@ -290,16 +398,13 @@ torch::Tensor gemm_cpu(const torch::Tensor& x,                  // [M, K] fp32 /
                   ldp,
                   reinterpret_cast<const uint16_t*>(scale.data_ptr<at::Half>()),
                   scale.size(1),
-                  bias ? bias_f.data_ptr<float>() : nullptr,
+                  bias_f32(bias),
                   &plan,
-                  tail.data_ptr<uint8_t>(),
+                  tail,
                   N - tail_rows};
-  // On AVX2, x runs in fp32 in both regimes (no bf16 dot product there): bf16 takes fp32's rules
-  const bool avx2 = isa == "avx2", bf16 = dt == at::kBFloat16 && !avx2;
-  const int64_t kc = (K + kChunk - 1) / kChunk * kChunk;  // K in whole chunks: the padded buffers' rows
 
-  if (M <= small_m_max(bf16)) {
-    const auto xin = padded_x(x, kc, bf16 ? at::kBFloat16 : at::kFloat);  // [M, kc] bf16 / fp32
+  if (small) {
+    const auto xin = x_as(x, kc, bf16 ? at::kBFloat16 : at::kFloat);  // [M, kc] bf16 / fp32
     const auto yf = dt == at::kFloat ? y : torch::empty({M, N}, x.options().dtype(at::kFloat));  // [M, N] fp32
     at::parallel_for(0, (N + kRows - 1) / kRows, 1, [&](int64_t t0, int64_t t1) {
       if (avx2) {
@@ -315,10 +420,9 @@ torch::Tensor gemm_cpu(const torch::Tensor& x,                  // [M, K] fp32 /
     return y;
   }
 
-  const std::string tile_kernel = bf16 ? bf16_tile(M) : std::string();
   if (tile_kernel == "brgemm") {
-    const auto xin = padded_x(x, kc, at::kBFloat16);  // [M, kc]: the brgemm's A (lda kc)
-    const VnniPlan vplan = make_vnni_plan(K, kc, block_size, k_offset);
+    const auto xin = x_as(x, kc, at::kBFloat16);  // [M, kc]: the brgemm's A (lda kc)
+    const VnniPlan& vplan = vnni_plan(K, kc, block_size, k_offset);
     auto* yb = reinterpret_cast<uint16_t*>(y.data_ptr<at::BFloat16>());
     // y past the caches is written with streaming stores (rows of y are N apart: a call's 128
     // short rows evict each other from L1; Qwen3-0.6B gate_up M 2048: 24.5 vs 28.5 ms)
@@ -334,8 +438,8 @@ torch::Tensor gemm_cpu(const torch::Tensor& x,                  // [M, K] fp32 /
     return y;
   }
 
-  if (tile_kernel == "pair" && k_offset % 2 == 0 && block_size % 2 == 0) {  // pair-major: no scale block cuts a pair
-    const auto xin = padded_x(x, kc, at::kBFloat16);  // [M, kc]
+  if (pair) {  // pair-major: no scale block cuts a pair
+    const auto xin = x_as(x, kc, at::kBFloat16);  // [M, kc]
     const PairPlan pplan = make_pair_plan(K, block_size, k_offset);
     const int64_t S = static_cast<int64_t>(pplan.segments.size());
     const auto* xb = reinterpret_cast<const uint16_t*>(xin.data_ptr<at::BFloat16>());
@@ -344,13 +448,11 @@ torch::Tensor gemm_cpu(const torch::Tensor& x,                  // [M, K] fp32 /
     const int64_t rows = balanced_tile_rows(N, std::max<int64_t>(32, kPairTileBytes / (kc * 2) / 32 * 32), threads, 32);
     const int64_t tiles = (N + rows - 1) / rows;
     at::parallel_for(0, tiles, 1, [&](int64_t t0, int64_t t1) {
-      const at::AutoDispatchBelowADInplaceOrView below_autograd;  // worker threads: fresh dispatch state
-      // 64-byte aligned (zmm stores of the pair vectors): torch's CPU allocator aligns to 64
-      const auto tile = torch::empty({rows, kc}, x.options());                       // [rows / 16, kc / 2, 16, 2]
-      const auto ws = torch::empty({rows / 16, S, 16}, x.options().dtype(at::kFloat));  // the tile's scales
+      // 64-byte aligned (zmm stores of the pair vectors): scratch is
+      uint16_t* tile = scratch<uint16_t>(kSlotTile, rows * kc);         // [rows / 16, kc / 2, 16, 2] bf16
+      float* ws = scratch<float>(kSlotTileScales, rows / 16 * S * 16);  // [rows / 16, S, 16]: the tile's scales
       for (int64_t t = t0; t < t1; ++t)
-        pair_rows_bf16(p, pplan, xb, kc, t * rows, std::min(N, (t + 1) * rows),
-                       reinterpret_cast<uint16_t*>(tile.data_ptr<at::BFloat16>()), ws.data_ptr<float>(), yb);
+        pair_rows_bf16(p, pplan, xb, kc, t * rows, std::min(N, (t + 1) * rows), tile, ws, yb);
     });
     return y;
   }
@@ -361,7 +463,7 @@ torch::Tensor gemm_cpu(const torch::Tensor& x,                  // [M, K] fp32 /
   const bool widen = dt != at::kFloat && cdt == at::kFloat;
   const torch::Tensor xc = x.to(cdt);                                                           // [M, K]
   const torch::Tensor yc = widen ? torch::empty({M, N}, x.options().dtype(at::kFloat)) : y;     // [M, N]
-  const torch::Tensor bc = bias ? (widen ? bias_f : *bias) : torch::Tensor();                   // [N]
+  const torch::Tensor bc = bias ? (widen ? bias->to(at::kFloat) : *bias) : torch::Tensor();      // [N]
   // Tiles spread over the threads, each thread dequantizing its own tile and running its GEMM
   // single-threaded (OpenMP does not nest): one dequantize + GEMM pair a tile, no barrier
   // between them. Threading each GEMM instead, tile after tile, made 2 threads slower than 1
@@ -403,9 +505,9 @@ torch::Tensor gemm_cpu(const torch::Tensor& x,                  // [M, K] fp32 /
 
 // "avx512_vnni" or "avx2": the W2A8 kernel's code this CPU runs (TERNARY_CPU_ISA caps it as it
 // caps the bf16 kernel's: "avx2" runs the AVX2 code on a VNNI CPU too), "" where it runs none.
-std::string w2a8_isa() {
-  static const bool vnni = cpu_w2a8_supported();
-  return capped_isa(vnni, "avx512_vnni");
+const std::string& w2a8_isa() {
+  static const std::string isa = capped_isa(cpu_w2a8_supported(), "avx512_vnni");
+  return isa;
 }
 
 // Largest M of the W2A8 small-M regime (codes decoded in registers, once per 2 x rows); past
@@ -444,7 +546,7 @@ int64_t w8_small_m_max() {
 // cannot run it is an error that says so.
 std::string w2a8_kernel(int64_t M) {
   static const std::string req = env_choice("TERNARY_CPU_W2A8_KERNEL", {"auto", "exact", "amx"});
-  const std::string isa = w2a8_isa();
+  const std::string& isa = w2a8_isa();
   static const bool amx = isa == "avx512_vnni" && cpu_amx_int8_supported() && at::cpu::init_amx();
   if (isa.empty() || req == "exact") return isa;
   if (req == "amx") {
@@ -509,7 +611,7 @@ void quantize_rows_u8(const torch::Tensor& x, float* sx, uint8_t* a, int64_t lda
 #endif
 
 std::tuple<torch::Tensor, torch::Tensor> quantize_int8_cpu(const torch::Tensor& x) {  // x [M, K] float
-  const std::string isa = w2a8_isa();
+  const std::string& isa = w2a8_isa();
   CHECK_W8(!isa.empty(), "quantize_int8: this CPU lacks both AVX512-VNNI (f, bw, vl, dq, vbmi, vnni) and ",
            "AVX2 (+ FMA, F16C), one of which the kernel needs; use ",
            "ternary_plugin.activations.quantize_activations_int8");
@@ -534,7 +636,7 @@ torch::Tensor gemm_w2a8_cpu(const torch::Tensor& x,                   // [M, K] 
                             const torch::Tensor& scale_in,            // [N, lds] fp16
                             const std::optional<torch::Tensor>& bias,  // [N] x.dtype, or None
                             int64_t block_size, int64_t k_offset) {
-  const std::string isa = w2a8_isa();
+  const std::string& isa = w2a8_isa();
   CHECK_W8(!isa.empty(), "this CPU lacks both AVX512-VNNI (f, bw, vl, dq, vbmi, vnni) and AVX2 (+ FMA, ",
            "F16C), one of which the kernel needs (or is not x86-64); use ",
            "ternary_plugin.activations.ternary_linear_w2a8, which takes the reference path here");
@@ -548,15 +650,19 @@ torch::Tensor gemm_w2a8_cpu(const torch::Tensor& x,                   // [M, K] 
   if (K == 0) return bias ? y.copy_(bias->unsqueeze(0).expand({M, N})) : y.zero_();
 #ifdef TERNARY_CPU_KERNELS
   const torch::Tensor packed = packed_in.contiguous(), scale = scale_in.contiguous();
-  const torch::Tensor bias_f = bias ? bias->to(at::kFloat).contiguous() : torch::Tensor();  // [N] fp32
+  const float* bias_f = bias_f32(bias);  // [N] fp32, or nullptr
   const int64_t ldp = packed.size(1), row_bytes = 16 * ((K + kW8Chunk - 1) / kW8Chunk);  // what a row's chunks read
   // Rows whose last chunk would read past the tensor, copied zero-padded (the others read into
   // the next row, whose codes meet x's zeros past K)
   const int64_t tail_from = std::clamp<int64_t>(N - (row_bytes + ldp - 1) / ldp + 1, 0, N);
-  const auto tail = torch::zeros({std::max<int64_t>(N - tail_from, 1), row_bytes}, packed.options());
-  if (tail_from < N)
-    tail.narrow(0, 0, N - tail_from).narrow(1, 0, std::min(ldp, row_bytes))
-        .copy_(packed.narrow(0, tail_from, N - tail_from).narrow(1, 0, std::min(ldp, row_bytes)));
+  uint8_t* tail = scratch<uint8_t>(kSlotTail, std::max<int64_t>(N - tail_from, 1) * row_bytes);  // [rows, row_bytes]
+  for (int64_t n = tail_from; n < N; ++n) {
+    uint8_t* dst = tail + (n - tail_from) * row_bytes;
+    const int64_t copied = std::min(ldp, row_bytes);
+    std::memcpy(dst, packed.data_ptr<uint8_t>() + n * ldp, copied);
+    std::memset(dst + copied, 0, row_bytes - copied);
+  }
+  torch::Tensor held_x, held_sx, held_sums;  // x's buffers where they are too large for scratch
   const int y_kind = dt == at::kFloat ? 0 : dt == at::kBFloat16 ? 1 : 2;  // y's dtype, as store_y / store_rows_w8 take it
 
   if (w2a8_kernel(M) == "amx") {
@@ -568,24 +674,23 @@ torch::Tensor gemm_w2a8_cpu(const torch::Tensor& x,                   // [M, K] 
     // mode's and the activations' own, is measured there too. Tiles, x blocks and brgemm calls:
     // brgemm_tiles, as the bf16 brgemm tile kernel's (gemm_cpu).
     const int64_t kc = (K + kChunk - 1) / kChunk * kChunk;
-    const auto xa = torch::empty({M, kc}, x.options().dtype(at::kByte));  // [M, kc] u8: the brgemm's A
-    const auto sx = torch::empty({M}, x.options().dtype(at::kFloat));     // [M] fp32
-    quantize_rows_u8(x.contiguous(), sx.data_ptr<float>(), xa.data_ptr<uint8_t>(), kc);
+    uint8_t* xa = call_buffer<uint8_t>(kSlotX, M * kc, held_x);  // [M, kc] u8: the brgemm's A
+    float* sx = call_buffer<float>(kSlotXScales, M, held_sx);     // [M] fp32
+    quantize_rows_u8(x.contiguous(), sx, xa, kc);
     if (poison_outputs()) y.fill_(std::numeric_limits<float>::quiet_NaN());
-    const W8Problem p{M,     N,       packed.data_ptr<uint8_t>(), ldp, tail.data_ptr<uint8_t>(), tail_from,
+    const W8Problem p{M,     N,       packed.data_ptr<uint8_t>(), ldp, tail, tail_from,
                       row_bytes, reinterpret_cast<const uint16_t*>(scale.data_ptr<at::Half>()), scale.size(1),
-                      nullptr, nullptr, nullptr, 0, 0, sx.data_ptr<float>(), bias ? bias_f.data_ptr<float>() : nullptr};
-    const VnniPlan vplan = make_vnni_plan(K, kc, block_size, k_offset);
-    // every W row's folded scale and correction, written by the thread that decodes the row
-    const auto comp = torch::empty({N}, x.options().dtype(at::kInt));  // [N] int32
-    const auto ws = torch::empty({N}, x.options().dtype(at::kFloat));  // [N] fp32
-    int32_t* cp = comp.data_ptr<int32_t>();
-    float* wp = ws.data_ptr<float>();
+                      nullptr, nullptr, nullptr, 0, 0, sx, bias_f};
+    const VnniPlan& vplan = vnni_plan(K, kc, block_size, k_offset);
+    // every W row's folded scale and correction, written by the thread that decodes the row:
+    // [N] int32, then [N] fp32
+    int32_t* cp = scratch<int32_t>(kSlotRowData, 2 * N);
+    float* wp = reinterpret_cast<float*>(cp + N);
     const bool stream = M * N * x.element_size() >= kStreamYBytes;
     char* yp = static_cast<char*>(y.data_ptr());
     const int64_t esz = y.element_size();
     brgemm_tiles<int8_t, int32_t>(
-        M, N, kc, xa.data_ptr<uint8_t>(), kW8AmxTileBytes, kW8AmxXBlockBytes,
+        M, N, kc, xa, kW8AmxTileBytes, kW8AmxXBlockBytes,
         [&](int64_t n0, int64_t n1, int8_t* tile) { vnni_rows_s8(p, vplan, kc, n0, n1, tile, cp + n0, wp + n0); },
         [&](const int32_t* c, int64_t mt, int64_t m0, int64_t n, int64_t cols) {
           store_rows_w8(c, kVnniCols, mt, cols, p.sx + m0, cp + n, wp + n, p.bias ? p.bias + n : nullptr,
@@ -601,27 +706,13 @@ torch::Tensor gemm_w2a8_cpu(const torch::Tensor& x,                   // [M, K] 
   const int64_t E = static_cast<int64_t>(plan.entry_chunk.size()), S = static_cast<int64_t>(plan.segments.size());
 
   // x quantized by entries
-  const auto sx = torch::empty({M}, x.options().dtype(at::kFloat));              // [M] fp32
-  const auto xe = torch::empty({M, E * plan.width}, x.options().dtype(at::kChar));  // [M, E, width] int8
-  const auto negsum = torch::empty({M, S}, x.options().dtype(at::kInt));           // [M, S] int32
-  quantize_rows(x.contiguous(), !avx2, sx.data_ptr<float>(), nullptr, &plan, xe.data_ptr<int8_t>(),
-                negsum.data_ptr<int32_t>());
-  const W8Problem p{M,
-                    N,
-                    packed.data_ptr<uint8_t>(),
-                    ldp,
-                    tail.data_ptr<uint8_t>(),
-                    tail_from,
-                    row_bytes,
-                    reinterpret_cast<const uint16_t*>(scale.data_ptr<at::Half>()),
-                    scale.size(1),
-                    &plan,
-                    xe.data_ptr<int8_t>(),
-                    negsum.data_ptr<int32_t>(),
-                    E,
-                    S,
-                    sx.data_ptr<float>(),
-                    bias ? bias_f.data_ptr<float>() : nullptr};
+  float* sx = call_buffer<float>(kSlotXScales, M, held_sx);                    // [M] fp32
+  int8_t* xe = call_buffer<int8_t>(kSlotX, M * E * plan.width, held_x);         // [M, E, width] int8
+  int32_t* negsum = call_buffer<int32_t>(kSlotXSums, M * S, held_sums);         // [M, S] int32
+  quantize_rows(x.contiguous(), !avx2, sx, nullptr, &plan, xe, negsum);
+  const W8Problem p{M, N, packed.data_ptr<uint8_t>(), ldp, tail, tail_from, row_bytes,
+                    reinterpret_cast<const uint16_t*>(scale.data_ptr<at::Half>()), scale.size(1), &plan, xe, negsum,
+                    E, S, sx, bias_f};
   // The AVX-512 tile writes y in x's dtype itself; the other paths write fp32 y, and each thread
   // converts its columns (at M 2048, N 6144 the fp32 copy and its conversion were a quarter of
   // the op's time: 50 MB more written and read than y)
@@ -653,9 +744,9 @@ torch::Tensor gemm_w2a8_cpu(const torch::Tensor& x,                   // [M, K] 
         N, std::max<int64_t>(4, kW8TileBytes / std::max<int64_t>(row_tile, 1) / 4 * 4), threads, 4);
     const int64_t tiles = (N + rows - 1) / rows;
     at::parallel_for(0, tiles, 1, [&](int64_t t0, int64_t t1) {
-      const auto tile = torch::empty({rows, row_tile}, packed.options());  // [rows, E, 64] u8
+      uint8_t* tile = scratch<uint8_t>(kSlotTile, rows * row_tile);  // [rows, E, 64] u8
       for (int64_t t = t0; t < t1; ++t)
-        w8_rows_tile_avx2(p, t * rows, std::min(N, (t + 1) * rows), tile.data_ptr<uint8_t>(), yp);
+        w8_rows_tile_avx2(p, t * rows, std::min(N, (t + 1) * rows), tile, yp);
       finish(t0 * rows, std::min(N, t1 * rows));
     });
   } else {
@@ -663,13 +754,11 @@ torch::Tensor gemm_w2a8_cpu(const torch::Tensor& x,                   // [M, K] 
     const int64_t rows = balanced_tile_rows(N, w8_tile_rows(K, kW8TileBytes), threads, 32);
     const int64_t tiles = (N + rows - 1) / rows;
     at::parallel_for(0, tiles, 1, [&](int64_t t0, int64_t t1) {
-      // 64-byte aligned (zmm loads; the tile's rows are multiples of 64 bytes): torch's CPU
-      // allocator aligns to 64
-      const auto tile = torch::empty({rows, 4 * row_bytes}, packed.options());             // [rows/16, .., 16, 4] u8
-      const auto ws_tile = torch::empty({rows / 16, S, 16}, x.options().dtype(at::kFloat));  // fp32 scales
+      // 64-byte aligned (zmm loads; the tile's rows are multiples of 64 bytes): scratch is
+      uint8_t* tile = scratch<uint8_t>(kSlotTile, rows * 4 * row_bytes);       // [rows/16, .., 16, 4] u8
+      float* ws_tile = scratch<float>(kSlotTileScales, rows / 16 * S * 16);    // [rows / 16, S, 16] fp32 scales
       for (int64_t t = t0; t < t1; ++t)
-        w8_rows_tile(p, t * rows, std::min(N, (t + 1) * rows), tile.data_ptr<uint8_t>(), ws_tile.data_ptr<float>(),
-                     yf.data_ptr(), yf_kind);
+        w8_rows_tile(p, t * rows, std::min(N, (t + 1) * rows), tile, ws_tile, yf.data_ptr(), yf_kind);
     });
   }
   return y;
