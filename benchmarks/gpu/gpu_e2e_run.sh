@@ -305,8 +305,8 @@ ncu_cases() {
   local kernel=$1 path=$2 tag=$3 sections=$4; shift 4
   for case in "$@"; do
     IFS=: read -r name k n m <<< "$case"
-    # shellcheck disable=SC2086  # the sections are separate words
     local report=${NCU_DIR:-$LOGS}/ncu-$tag-$name-m$m.txt
+    # shellcheck disable=SC2086  # the sections are separate words
     timeout 150 ncu --clock-control none -k "regex:$kernel" --launch-skip 3 --launch-count 1 $sections \
       python3 - "$m" "$k" "$n" "$path" > "$report" 2>&1 <<'EOF2'
 import sys, torch
@@ -344,6 +344,23 @@ stage_profile_s8() {
       --metrics regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio" \
       ${S8_CASES:-gate_up:4096:24576:4096 o06b:2048:1024:16384}
   done
+}
+
+stage_profile() {  # the tensor-core kernel: gate_up (K 1024, N 6144) at M 1 and 16, and down (K 3072,
+  # N 1024) at M 1, where the auto split-K runs 3-CTA clusters
+  ncu_cases ternary_mma_kernel 2 mma "$NCU_SECTIONS" gate_up:1024:6144:1 gate_up:1024:6144:16 down:3072:1024:1
+}
+
+stage_profile_tiled() {  # the tiled kernel: gate_up at M 4096 (128-row tile) and o (K 2048, N 1024) at
+  # M 256 (64-row tile, 4 units a stage)
+  ncu_cases ternary_tiled_kernel 4 tiled "$NCU_SECTIONS --section ComputeWorkloadAnalysis" \
+    gate_up:1024:6144:4096 o:2048:1024:256
+}
+
+stage_profile_wgmma() {  # the wgmma kernel (auto tile): gate_up and o/tp4 (K 512, N 1024) at M 4096
+  ncu_cases ternary_wgmma_kernel 5 wgmma "$NCU_SECTIONS --section ComputeWorkloadAnalysis \
+    --metrics regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio" \
+    gate_up:1024:6144:4096 o_tp4:512:1024:4096
 }
 
 stage_prepare() {
