@@ -81,7 +81,11 @@ LIMITS: tuple[Limit, ...] = (
           "int8 activations on a GPU: largest M that runs the bf16-activation op instead, faster there and exact "
           "in its activations (band QB; 0: never)"),
     Limit("TERNARY_W2A8_BF16_TERNARY_MAX_M", 64,
-          "the same on a layer holding the ternary layout only (band QB; 0: never)"),
+          "the same on a layer holding the ternary layout only, under TERNARY_HUMMING_MIN_WEIGHTS weights "
+          "(band QB; 0: never)"),
+    Limit("TERNARY_W2A8_BF16_LARGE_MAX_M", 16,
+          "the same on a layer holding the ternary layout only, of TERNARY_HUMMING_MIN_WEIGHTS weights or more "
+          "(band QB; 0: never)"),
     Limit("TERNARY_W2A8_FOLD", 1,
           "int8 activations on this repository's s8 wgmma kernel (bands Q1, Q2): 1 folds each weight row's block "
           "scales into its int8 weights (one int32 dot over K, activations.reference_linear_w2a8_folded), 0 keeps "
@@ -342,14 +346,19 @@ def plan(call: Call, dev: Device, layout: str = "ternary", lim: dict[str, int] |
 
 # The int8-activation mode (activation_dtype int8, per-token scales): first row that holds.
 W2A8_BANDS: tuple[Band, ...] = (
-    Band("QB", "M <= TERNARY_W2A8_BF16_MAX_M (8), or M <= TERNARY_W2A8_BF16_TERNARY_MAX_M (64) on a layer holding "
-               "the ternary layout only", W2A8_BF16, "the bf16-activation op (its bands 1-9, HG, H): no int8 "
-               "quantization at all",
+    Band("QB", "M <= TERNARY_W2A8_BF16_MAX_M (8); on a layer holding the ternary layout only, M <= "
+               "TERNARY_W2A8_BF16_TERNARY_MAX_M (64) under TERNARY_HUMMING_MIN_WEIGHTS weights (N x K) and M <= "
+               "TERNARY_W2A8_BF16_LARGE_MAX_M (16) from it", W2A8_BF16,
+         "the bf16-activation op (its bands 1-9, HG, H): no int8 quantization at all",
          "where the int8 kernels lose to it, per decoder layer on the H200 (kernel-h200-hg.md): 8B 46.5/49.5 us at "
          "M 1/4 against W2A8's 57.6/58.4 (Humming's layout; from M 16 W2A8 wins, 62.6 vs 70.9); 0.6B (ternary "
-         "layout) 13.5/14.0/17.4/26.1/30.6 us at M 1/4/16/32/64 against 30.8/31.5/33.1/33.1/35.4",
+         "layout) 13.5/14.0/17.4/26.1/30.6 us at M 1/4/16/32/64 against 30.8/31.5/33.1/33.1/35.4; 8B on the "
+         "ternary layout alone (no Humming, or TERNARY_W2A8_WGMMA_MIN_MN=1), on the H100 (kernel-h100.md): the "
+         "bf16 op 1.85x cuBLAS bf16 at M 16 against the folded s8 kernel's 1.48x, 0.72x at M 64 against 1.46x",
          lambda c, d, l, layout: (c.m <= l["TERNARY_W2A8_BF16_MAX_M"]
-                                  or (layout == "ternary" and c.m <= l["TERNARY_W2A8_BF16_TERNARY_MAX_M"]))),
+                                  or (layout == "ternary" and c.m <= l[
+                                      "TERNARY_W2A8_BF16_TERNARY_MAX_M" if c.n * c.k < l["TERNARY_HUMMING_MIN_WEIGHTS"]
+                                      else "TERNARY_W2A8_BF16_LARGE_MAX_M"]))),
     Band("Q1", "the layer holds the ternary layout only; compute capability 9.0; block_size, k_offset multiples of "
                "128", WGMMA_S8, "wgmma s8, 64/128 tokens x 128 W rows, persistent or split 2-8 ways along K; block "
                       "scales folded into the int8 weights (TERNARY_W2A8_FOLD), then also 128 tokens x 256 W rows "

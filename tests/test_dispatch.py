@@ -194,16 +194,25 @@ def test_int8_activations_take_our_s8_kernel_on_hopper_and_hummings_elsewhere():
         c = d.plan_w2a8(d.Call(m, n, 4096, **call), dev, layout, lim=lim)
         return c.kernel_name, c.band, c.backend
 
-    # band QB: small M runs the bf16-activation op, up to 8 on any layout and 64 on the ternary one
+    # band QB: small M runs the bf16-activation op, up to 8 on any layout; on the ternary one alone up
+    # to 64 below TERNARY_HUMMING_MIN_WEIGHTS (0.6B-sized layers) and up to 16 from it (8B-sized)
     assert w2a8(1, "ternary") == ("the bf16-activation op", "QB", "bf16")
-    assert w2a8(64, "ternary") == ("the bf16-activation op", "QB", "bf16")
-    assert w2a8(64, "ternary", dev=a100) == ("the bf16-activation op", "QB", "bf16")
+    assert w2a8(64, "ternary", n=4095) == ("the bf16-activation op", "QB", "bf16")
+    assert w2a8(65, "ternary", n=4095) == ("wgmma s8", "Q1", "ternary")
+    assert w2a8(64, "ternary", dev=a100, n=1024) == ("the bf16-activation op", "QB", "bf16")
+    assert w2a8(16, "ternary") == ("the bf16-activation op", "QB", "bf16")  # N x K = 4096 x 4096: 8B-sized
+    assert w2a8(17, "ternary") == ("wgmma s8", "Q1", "ternary")
+    assert w2a8(17, "ternary", n=24576) == ("wgmma s8", "Q1", "ternary")
+    assert w2a8(64, "ternary", lim={**LIM, "TERNARY_W2A8_BF16_LARGE_MAX_M": 64}) == ("the bf16-activation op", "QB",
+                                                                                      "bf16")
+    assert w2a8(17, "ternary", lim={**LIM, "TERNARY_HUMMING_MIN_WEIGHTS": 0}) == ("wgmma s8", "Q1", "ternary")
     assert w2a8(8, "humming") == ("the bf16-activation op", "QB", "bf16")
     assert w2a8(9, "humming") == ("humming int2", "QH", "humming")
     assert w2a8(8, "both", n=24576) == ("the bf16-activation op", "QB", "bf16")
     assert w2a8(65, "ternary") == ("wgmma s8", "Q1", "ternary")
-    off = {**LIM, "TERNARY_W2A8_BF16_MAX_M": 0, "TERNARY_W2A8_BF16_TERNARY_MAX_M": 0}
+    off = {**LIM, "TERNARY_W2A8_BF16_MAX_M": 0, "TERNARY_W2A8_BF16_TERNARY_MAX_M": 0, "TERNARY_W2A8_BF16_LARGE_MAX_M": 0}
     assert w2a8(1, "ternary", lim=off) == ("wgmma s8", "Q1", "ternary")
+    assert w2a8(1, "ternary", lim=off, n=1024) == ("wgmma s8", "Q1", "ternary")
     assert w2a8(1, "humming", lim=off) == ("humming int2", "QH", "humming")
     assert w2a8(16384, "ternary") == ("wgmma s8", "Q1", "ternary")
     assert w2a8(682, "both", n=24576) == ("humming int2", "QH", "humming")
