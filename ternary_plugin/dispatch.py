@@ -393,10 +393,10 @@ W2A8_BANDS: tuple[Band, ...] = (
 # int2 x int8 does 58-148 us against ours 144-218 on 8B (kernel-h200.md, ours_w2a8_us).
 W2A8_WITHOUT_HUMMING = (
     "int8 activations without humming-kernels: this repository's s8 wgmma kernel (band Q1) serves every M past "
-    "band QB's (the bf16-activation op), and up to ~M 256 it is slower than cuBLAS bf16 and than the "
-    "bf16-activation mode (per 8B decoder layer on the H200 0.70-0.83x cuBLAS at M 1-128, Humming's int2 x int8 "
-    "1.15-2.04x; benchmarks/results/kernel-h200.md): install humming-kernels (ternary-serve's gpu extra) where "
-    "batches are small")
+    "band QB's (the bf16-activation op), and up to ~M 256 Humming's int2 x int8 is the faster (per 8B decoder "
+    "layer on the H100, the s8 kernel 1.48/1.46/1.23x cuBLAS bf16 at M 16/64/256 against Humming's "
+    "2.48/2.00/1.25x; benchmarks/results/kernel-h100.md): install humming-kernels (ternary-serve's gpu extra) "
+    "where batches are small")
 
 
 def w2a8_advice(dev: Device, layout: str, w2a8: bool, humming_importable: bool) -> str | None:
