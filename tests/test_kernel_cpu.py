@@ -76,8 +76,9 @@ SHAPES = [
     (32, 130, 384, 0, 128, "M 32: fp32's small-M limit"),
     (33, 17, 384, 0, 128, "M 33: past fp32's small-M limit"),
     (130, 130, 256, 0, 128, "M 130, N 130"),
-    (513, 17, 1000, 0, 128, "M 513: prefill"),
-    (2048, 4097, 64, 0, 128, "M 2048, N 4097: bf16 y past 16 MB (brgemm's streaming stores), rows unaligned"),
+    (513, 17, 1000, 0, 128, "M 513: prefill, K in 4 brgemm slices"),
+    (1025, 600, 600, 0, 128, "M 1025: past GEMM_MIN_M_AMX; brgemm: K in 3 slices (the last 96), a tile of 2 panels"),
+    (2048, 4097, 64, 0, 128, "M 2048, N 4097: bf16 y past 4 MB (brgemm's streaming stores), rows unaligned"),
     (5, 77, 300, 0, 64, "block_size 64, partial last block"),
     (40, 33, 300, 0, 32, "block_size 32"),
     (3, 40, 2100, 0, 2048, "block_size 2048: two pieces a block"),
@@ -262,7 +263,7 @@ def test_both_regimes_everywhere(small_m_max):
 # it where AMX runs, the pair-major kernel elsewhere.
 AMX_FLAGS = cpu_isa.AMX_FLAGS
 HAS_AMX = AMX_FLAGS <= cpu_isa.cpu_flags()
-GEMM_MIN_M_AMX = 512
+GEMM_MIN_M_AMX = 1024
 
 
 @needs_kernel_cpu
@@ -471,9 +472,9 @@ def test_short_rows_never_read_past_the_tensor(n, k):
 
 
 # M on each side of the regimes' thresholds (small M; bf16's tiles, brgemm or pair-major; from
-# 512 the dequantized tile where AMX runs) with K in whole chunks of 32, where the op reads x in
+# 1024 the dequantized tile where AMX runs) with K in whole chunks of 32, where the op reads x in
 # place instead of copying it zero-padded (ternary_cpu.cpp x_as).
-IN_PLACE_MS = [(1, "small M"), (16, "a 16-token query: the tile kernels"), (600, "past 512: the gemm tile on AMX")]
+IN_PLACE_MS = [(1, "small M"), (16, "a 16-token query: the tile kernels"), (1100, "past 1024: the gemm tile on AMX")]
 
 
 @pytest.mark.parametrize("op", ["gemm", "gemm_w2a8"])

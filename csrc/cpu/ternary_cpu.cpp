@@ -72,14 +72,26 @@ constexpr int64_t kPairTileBytes = 512 * 1024;
 constexpr int64_t kTileBytes = 1024 * 1024;
 
 // The brgemm tile kernel (bf16 x past small M where the CPU has AMX-BF16): its W rows a thread
-// decodes at once, and the x rows of one brgemm call.
+// decodes at once (brgemm_tile_rows), the x rows of one brgemm call, and the columns of y one C
+// buffer holds (brgemm_tiles: [kBrgemmRows, kBrgemmPanelCols], 128 KB fp32 / int32; C as wide as
+// a 1 MB int8 tile, up to 1536 columns at MiniLM's K, made the W2A8 kernel 10-15 % slower at M 128).
 constexpr int64_t kBrgemmTileBytes = 512 * 1024;
 constexpr int64_t kBrgemmRows = 128;
-constexpr int64_t kBrgemmXBlockBytes = 1024 * 1024;
+constexpr int64_t kBrgemmPanelCols = 256;
+// y of at least this many bytes is written with streaming stores (the W2A8 AMX kernel's y).
 constexpr int64_t kStreamYBytes = 16 * 1024 * 1024;
+// The same for the bf16 brgemm tile: its stores are rows of up to kBrgemmPanelCols columns, and
+// from 4 MB of y streaming them was faster (Qwen3-0.6B gate_up, 1 thread: M 512 5.90-6.09 ->
+// 5.39-5.63 ms, M 896 10.5-10.6 -> 9.8 ms), below it slower (MiniLM qkv M 512, 1.2 MB of y, in a
+// probe: 0.54 -> 0.61 ms).
+constexpr int64_t kBrgemmStreamYBytes = 4 * 1024 * 1024;
 // Where AMX runs, the smallest M of bf16 x that takes the dequantized tile and oneDNN's GEMM
-// rather than the brgemm tile (bf16_tile_kernel).
-constexpr int64_t kGemmMinMAmx = 512;
+// rather than the brgemm tile (bf16_tile_kernel): the brgemm tile won at M 512-896 on 7 of the 8
+// Qwen3-0.6B and MiniLM layers, the GEMM at 1024 on 5 and at 2048 on all MiniLM layers (issue #23,
+// 1 thread, warm weights). What the brgemm tile loses there is mostly its stores of y: with y kept
+// in L2 a probe's MiniLM qkv M 2048 took 1.54 ms instead of 2.09 (benchmarks/probes/
+// cpu_brgemm_block_probe.py); oneDNN's GEMM writes y from inside its kernel.
+constexpr int64_t kGemmMinMAmx = 1024;
 
 int64_t env_int(const char* name, int64_t fallback) {
   const char* e = std::getenv(name);
@@ -311,40 +323,76 @@ torch::Tensor x_as(const torch::Tensor& x, int64_t kc, at::ScalarType dtype) {
 }
 
 #ifdef TERNARY_CPU_KERNELS
+// W rows a brgemm tile holds (a multiple of kVnniCols, before balanced_tile_rows evens them out):
+// those of tile_bytes, but at least kBrgemmMinTileRows within twice tile_bytes. Every tile streams
+// all of x past its rows, once a tile: 64 rows of Qwen3-0.6B down (K 3072, 384 KB) read x from L3
+// once per 64 W rows (M 2048, 1 thread: 14.1 ms against 11.9 with 128-row tiles, 768 KB); at K
+// 1024 512 KB (256 rows) beat 1 MB (qkv M 512: 3.75 vs 4.06 ms).
+constexpr int64_t kBrgemmMinTileRows = 128;
+int64_t brgemm_tile_rows(int64_t row_bytes, int64_t tile_bytes) {
+  const int64_t rows = std::max(tile_bytes / row_bytes, std::min(kBrgemmMinTileRows, 2 * tile_bytes / row_bytes));
+  return std::max(kVnniCols, rows / kVnniCols * kVnniCols);
+}
+
+// The K of one brgemm call (brgemm_tiles), a multiple of 64: K in near-equal slices of about
+// kBrgemmKSliceBytes of A a row (256 bf16), or all of K where it is at most twice that (K <= 512
+// bf16: MiniLM's 384 ran 12-15 % faster in one call than in two of 192).
+constexpr int64_t kBrgemmKSliceBytes = 512;
+int64_t brgemm_k_slice(int64_t kc, int64_t elem_bytes) {
+  const int64_t slice = kBrgemmKSliceBytes / elem_bytes;
+  if (kc * elem_bytes <= 2 * kBrgemmKSliceBytes) return kc;
+  const int64_t slices = (kc + slice - 1) / slice;
+  return (kc / slices + 63) / 64 * 64;
+}
+
 // The tile driver of both kernels on oneDNN's batch-reduce GEMM (at::native::cpublas::brgemm:
 // AMX tiles where the CPU has them): gemm_cpu's brgemm tile (bf16 x: A bf16, B bf16, C fp32) and
-// gemm_w2a8_cpu's AMX kernel (A u8, B s8, C int32). W rows in tiles of <= tile_bytes a thread:
-// decode(n0, n1, tile) writes rows [n0, n1) as the VNNI B matrices, kVnniCols rows each. Then x
-// (a: [M, kc], lda kc) in blocks of <= xblock_bytes (L2, beside the tile); in each, a group of
-// the tile (one B matrix, L1 / L2) runs over the block's x rows kBrgemmRows a call, and
-// store(c, mt, m0, n, cols) takes the call's C (c: [mt, kVnniCols], ldc kVnniCols) to y rows
-// [m0, m0 + mt), columns [n, n + cols). The first version ran each 64-row x block over all the groups instead: up to
-// 1.5x slower at M 128-512 in a probe (bf16, Qwen3-0.6B gate_up, 1 thread).
+// gemm_w2a8_cpu's AMX kernel (A u8, B s8, C int32). W rows in tiles a thread decodes at once
+// (brgemm_tile_rows): decode(n0, n1, tile) writes rows [n0, n1) as the VNNI B matrices, kVnniCols
+// rows each (a group). Then x (a: [M, kc], lda kc) kBrgemmRows rows at a time (a chunk); per chunk
+// the tile's groups kBrgemmPanelCols columns at a time (a panel); per panel K in slices
+// (brgemm_k_slice), and per slice every group of the panel in one brgemm call (mt x kVnniCols x
+// slice) into the panel's C [mt, ldc], add_C past the first slice; then store(c, ldc, mt, m0, p0,
+// cols) takes the panel's C to y rows [m0, m0 + mt), columns [p0, p0 + cols).
+//
+//   for chunk (128 x rows): for panel (<= 4 groups): for slice (~256 of K): for group in panel:
+//       C[:, group] (+)= x[chunk, slice] . B[group][slice]
+//   store(C)
+//
+// A C element's sums run in K order either way (add_C reloads the fp32 / int32 sums into the
+// tiles): the outputs are bit for bit those of one call over all of K (checked on the test shapes,
+// bf16 and W2A8, by benchmarks/probes/cpu_brgemm_outputs.py). Slices, because a call over all of K
+// holds more than L1 (B is K x 64, 128 KB at K 1024) and AMX then waits on L2; a 256-wide slice
+// keeps a call's B (32 KB) near L1 and the chunk's slice of A in L1 / L2 across the panel
+// (docs/kernel.md, "AMX", has the measurements and what else was tried).
 template <typename B, typename C, typename A, typename Decode, typename Store>
-void brgemm_tiles(int64_t M, int64_t N, int64_t kc, const A* a, int64_t tile_bytes, int64_t xblock_bytes,
-                  Decode decode, Store store) {
+void brgemm_tiles(int64_t M, int64_t N, int64_t kc, const A* a, int64_t tile_bytes, Decode decode, Store store) {
   const int64_t threads = at::get_num_threads();
-  const int64_t row_bytes = kc * static_cast<int64_t>(sizeof(B)), x_row_bytes = kc * static_cast<int64_t>(sizeof(A));
-  const int64_t fit = std::max<int64_t>(kVnniCols, tile_bytes / row_bytes / kVnniCols * kVnniCols);
-  const int64_t rows = balanced_tile_rows(N, fit, threads, kVnniCols);
+  const int64_t rows = balanced_tile_rows(N, brgemm_tile_rows(kc * static_cast<int64_t>(sizeof(B)), tile_bytes),
+                                          threads, kVnniCols);
   const int64_t tiles = (N + rows - 1) / rows;
-  const int64_t xb = std::max<int64_t>(kBrgemmRows, xblock_bytes / x_row_bytes / kBrgemmRows * kBrgemmRows);
+  const int64_t ks = brgemm_k_slice(kc, sizeof(A));
+  const int64_t panel = std::min(rows, kBrgemmPanelCols);
   at::parallel_for(0, tiles, 1, [&](int64_t t0, int64_t t1) {
     // this thread's B matrices: [rows / kVnniCols, kc / v, kVnniCols, v], v = 4 / sizeof(B) (VNNI:
     // a dword of each row a column group); scratch, 64-byte aligned as oneDNN's loads like it
     B* tile = scratch<B>(kSlotTile, rows * kc);
-    C* c = scratch<C>(kSlotC, kBrgemmRows * kVnniCols);  // one call's C [kBrgemmRows, kVnniCols]
+    C* c = scratch<C>(kSlotC, kBrgemmRows * panel);  // a panel's C [kBrgemmRows, ldc <= panel]
     for (int64_t t = t0; t < t1; ++t) {
       const int64_t n0 = t * rows, n1 = std::min(N, n0 + rows);
       decode(n0, n1, tile);
-      for (int64_t mx = 0; mx < M; mx += xb)
-        for (int64_t n = n0; n < n1; n += kVnniCols)
-          for (int64_t m0 = mx; m0 < std::min(M, mx + xb); m0 += kBrgemmRows) {
-            const int64_t mt = std::min(kBrgemmRows, M - m0);
-            at::native::cpublas::brgemm(mt, kVnniCols, kc, kc, kVnniCols, kVnniCols, false, a + m0 * kc,
-                                        tile + (n - n0) * kc, c, true);
-            store(c, mt, m0, n, std::min(kVnniCols, N - n));
-          }
+      for (int64_t m0 = 0; m0 < M; m0 += kBrgemmRows) {
+        const int64_t mt = std::min(kBrgemmRows, M - m0);
+        for (int64_t p0 = n0; p0 < n1; p0 += panel) {
+          const int64_t p1 = std::min(n1, p0 + panel);
+          const int64_t ldc = (p1 - p0 + kVnniCols - 1) / kVnniCols * kVnniCols;  // the panel's groups
+          for (int64_t k0 = 0; k0 < kc; k0 += ks)
+            for (int64_t n = p0; n < p1; n += kVnniCols)  // B of group n, K from k0: [K/v, kVnniCols, v] at k0 / v
+              at::native::cpublas::brgemm(mt, kVnniCols, std::min(ks, kc - k0), kc, kVnniCols, ldc, k0 > 0,
+                                          a + m0 * kc + k0, tile + (n - n0) * kc + k0 * kVnniCols, c + (n - p0), true);
+          store(c, ldc, mt, m0, p0, p1 - p0);
+        }
+      }
     }
     at::native::cpublas::brgemm_release(true);
   });
@@ -424,16 +472,15 @@ torch::Tensor gemm_cpu(const torch::Tensor& x,                  // [M, K] fp32 /
     const auto xin = x_as(x, kc, at::kBFloat16);  // [M, kc]: the brgemm's A (lda kc)
     const VnniPlan& vplan = vnni_plan(K, kc, block_size, k_offset);
     auto* yb = reinterpret_cast<uint16_t*>(y.data_ptr<at::BFloat16>());
-    // y past the caches is written with streaming stores (rows of y are N apart: a call's 128
-    // short rows evict each other from L1; Qwen3-0.6B gate_up M 2048: 24.5 vs 28.5 ms)
-    const bool stream = M * N * 2 >= kStreamYBytes;
+    // y past the caches is written with streaming stores (kBrgemmStreamYBytes)
+    const bool stream = M * N * 2 >= kBrgemmStreamYBytes;
     brgemm_tiles<at::BFloat16, float>(
-        M, N, kc, xin.data_ptr<at::BFloat16>(), kBrgemmTileBytes, kBrgemmXBlockBytes,
+        M, N, kc, xin.data_ptr<at::BFloat16>(), kBrgemmTileBytes,
         [&](int64_t n0, int64_t n1, at::BFloat16* tile) {
           vnni_rows_bf16(p, vplan, kc, n0, n1, reinterpret_cast<uint16_t*>(tile));
         },
-        [&](const float* c, int64_t mt, int64_t m0, int64_t n, int64_t cols) {
-          store_rows_bf16(c, kVnniCols, mt, cols, p.bias ? p.bias + n : nullptr, yb + m0 * N + n, N, stream);
+        [&](const float* c, int64_t ldc, int64_t mt, int64_t m0, int64_t n, int64_t cols) {
+          store_rows_bf16(c, ldc, mt, cols, p.bias ? p.bias + n : nullptr, yb + m0 * N + n, N, stream);
         });
     return y;
   }
@@ -527,11 +574,10 @@ constexpr int64_t kW8TileBytes = 256 * 1024;
 // 0.22 / 0.30, 0.31 / 0.31, 0.36 / 0.34; o 0.11 / 0.18, 0.16 / 0.14, 0.21 / 0.14; down 0.18 /
 // 0.23, 0.23 / 0.21, 0.30 / 0.21; MiniLM down 0.036 / 0.058, 0.052 / 0.053, 0.065 / 0.057.
 constexpr int64_t kW8AmxMinM = 8;
-// The int8 W rows a thread decodes at once and the u8 x rows each runs over them, in bytes (1 MB
-// / 512 KB against 512 KB / 1 MB: 5 % faster at M 2048 on Qwen3-0.6B down and gate_up, equal at
-// M 512; 1 thread, the 2-core Xeon with AMX).
+// The int8 W rows a thread decodes at once, in bytes (with x then run in blocks of 512 KB: 1 MB
+// / 512 KB against 512 KB / 1 MB, 5 % faster at M 2048 on Qwen3-0.6B down and gate_up, equal at
+// M 512; 1 thread, the 2-core Xeon with AMX; brgemm_tiles has no x blocks since 2026-12-05).
 constexpr int64_t kW8AmxTileBytes = 1024 * 1024;
-constexpr int64_t kW8AmxXBlockBytes = 512 * 1024;
 
 int64_t w8_small_m_max() {
   static const int64_t forced = env_int("TERNARY_CPU_W2A8_SMALL_M_MAX", -1);
@@ -671,8 +717,8 @@ torch::Tensor gemm_w2a8_cpu(const torch::Tensor& x,                   // [M, K] 
     // the u8 side xq + 128 and 128 * sum(w) subtracted. The mode's exact per-block weighing
     // (the other kernels) pays a convert-and-scale per 128 columns, which on AMX tiles cost as
     // much as the dots (docs/kernel.md, CPU, W2A8 on AMX); the fold's error, against the exact
-    // mode's and the activations' own, is measured there too. Tiles, x blocks and brgemm calls:
-    // brgemm_tiles, as the bf16 brgemm tile kernel's (gemm_cpu).
+    // mode's and the activations' own, is measured there too. Tiles, x chunks, K slices and brgemm
+    // calls: brgemm_tiles, as the bf16 brgemm tile kernel's (gemm_cpu).
     const int64_t kc = (K + kChunk - 1) / kChunk * kChunk;
     uint8_t* xa = call_buffer<uint8_t>(kSlotX, M * kc, held_x);  // [M, kc] u8: the brgemm's A
     float* sx = call_buffer<float>(kSlotXScales, M, held_sx);     // [M] fp32
@@ -690,10 +736,10 @@ torch::Tensor gemm_w2a8_cpu(const torch::Tensor& x,                   // [M, K] 
     char* yp = static_cast<char*>(y.data_ptr());
     const int64_t esz = y.element_size();
     brgemm_tiles<int8_t, int32_t>(
-        M, N, kc, xa, kW8AmxTileBytes, kW8AmxXBlockBytes,
+        M, N, kc, xa, kW8AmxTileBytes,
         [&](int64_t n0, int64_t n1, int8_t* tile) { vnni_rows_s8(p, vplan, kc, n0, n1, tile, cp + n0, wp + n0); },
-        [&](const int32_t* c, int64_t mt, int64_t m0, int64_t n, int64_t cols) {
-          store_rows_w8(c, kVnniCols, mt, cols, p.sx + m0, cp + n, wp + n, p.bias ? p.bias + n : nullptr,
+        [&](const int32_t* c, int64_t ldc, int64_t mt, int64_t m0, int64_t n, int64_t cols) {
+          store_rows_w8(c, ldc, mt, cols, p.sx + m0, cp + n, wp + n, p.bias ? p.bias + n : nullptr,
                         yp + (m0 * N + n) * esz, N, y_kind, stream);
         });
     return y;
