@@ -344,6 +344,21 @@ def plan(call: Call, dev: Device, layout: str = "ternary", lim: dict[str, int] |
     return ours
 
 
+def large_layer(n: int, k: int, lim: dict[str, int]) -> bool:
+    """Whether an N x K layer counts as 8B-sized: TERNARY_HUMMING_MIN_WEIGHTS weights or more (plan_layout's
+    Humming layout, band QB's edge)."""
+    return n * k >= lim["TERNARY_HUMMING_MIN_WEIGHTS"]
+
+
+def _w2a8_bf16_max_m(call: Call, lim: dict[str, int], layout: str) -> int:
+    """Band QB's largest M for this layer."""
+    if layout != "ternary":
+        return lim["TERNARY_W2A8_BF16_MAX_M"]
+    large = large_layer(call.n, call.k, lim)
+    alone = lim["TERNARY_W2A8_BF16_LARGE_MAX_M" if large else "TERNARY_W2A8_BF16_TERNARY_MAX_M"]
+    return max(lim["TERNARY_W2A8_BF16_MAX_M"], alone)
+
+
 # The int8-activation mode (activation_dtype int8, per-token scales): first row that holds.
 W2A8_BANDS: tuple[Band, ...] = (
     Band("QB", "M <= TERNARY_W2A8_BF16_MAX_M (8); on a layer holding the ternary layout only, M <= "
@@ -355,10 +370,7 @@ W2A8_BANDS: tuple[Band, ...] = (
          "layout) 13.5/14.0/17.4/26.1/30.6 us at M 1/4/16/32/64 against 30.8/31.5/33.1/33.1/35.4; 8B on the "
          "ternary layout alone (no Humming, or TERNARY_W2A8_WGMMA_MIN_MN=1), on the H100 (kernel-h100.md): the "
          "bf16 op 1.85x cuBLAS bf16 at M 16 against the folded s8 kernel's 1.48x, 0.72x at M 64 against 1.46x",
-         lambda c, d, l, layout: (c.m <= l["TERNARY_W2A8_BF16_MAX_M"]
-                                  or (layout == "ternary" and c.m <= l[
-                                      "TERNARY_W2A8_BF16_TERNARY_MAX_M" if c.n * c.k < l["TERNARY_HUMMING_MIN_WEIGHTS"]
-                                      else "TERNARY_W2A8_BF16_LARGE_MAX_M"]))),
+         lambda c, d, l, layout: c.m <= _w2a8_bf16_max_m(c, l, layout)),
     Band("Q1", "the layer holds the ternary layout only; compute capability 9.0; block_size, k_offset multiples of "
                "128", WGMMA_S8, "wgmma s8, 64/128 tokens x 128 W rows, persistent or split 2-8 ways along K; block "
                       "scales folded into the int8 weights (TERNARY_W2A8_FOLD), then also 128 tokens x 256 W rows "
@@ -388,9 +400,7 @@ W2A8_BANDS: tuple[Band, ...] = (
 )
 
 
-# Band Q1 below M 128 (the s8 wgmma kernel's smallest token tile is 64): per decoder layer on the
-# H200 0.70-0.83x cuBLAS bf16 on 8B shapes and 0.50-0.78x on 0.6B shapes at M 1-256, where Humming's
-# int2 x int8 does 58-148 us against ours 144-218 on 8B (kernel-h200.md, ours_w2a8_us).
+# Said once where the int8 mode runs without Humming (w2a8_advice).
 W2A8_WITHOUT_HUMMING = (
     "int8 activations without humming-kernels: this repository's s8 wgmma kernel (band Q1) serves every M past "
     "band QB's (the bf16-activation op), and up to ~M 256 Humming's int2 x int8 is the faster (per 8B decoder "
@@ -468,7 +478,7 @@ def plan_layout(n: int, k: int, block_size: int, k_offset: int, dev: Device, *, 
             return "humming", "int8 activations: Humming's int2 x int8 kernel (no s8 kernel of ours for this layer)"
         if backend == "humming":
             return "humming", f"{BACKEND_ENV}=humming, int8 activations"
-        if n * k < lim["TERNARY_HUMMING_MIN_WEIGHTS"]:
+        if not large_layer(n, k, lim):
             return "ternary", (f"int8 activations, N x K = {n * k} < TERNARY_HUMMING_MIN_WEIGHTS "
                                f"({lim['TERNARY_HUMMING_MIN_WEIGHTS']}): the bf16-activation op to M "
                                f"{lim['TERNARY_W2A8_BF16_TERNARY_MAX_M']}, the s8 wgmma kernel above")
@@ -480,7 +490,7 @@ def plan_layout(n: int, k: int, block_size: int, k_offset: int, dev: Device, *, 
                                f"TERNARY_W2A8_WGMMA_MIN_MN {min_mn})")
         return "both", (f"int8 activations: Humming's int2 x int8 below M x N {min_mn}, the s8 wgmma kernel from M "
                         f"{-(-min_mn // n)} (twice the packed bytes: TERNARY_W2A8_WGMMA_MIN_MN=0 or 1 keeps one)")
-    if backend in ("auto", "both") and n * k < lim["TERNARY_HUMMING_MIN_WEIGHTS"]:
+    if backend in ("auto", "both") and not large_layer(n, k, lim):
         return "ternary", f"N x K = {n * k} < TERNARY_HUMMING_MIN_WEIGHTS ({lim['TERNARY_HUMMING_MIN_WEIGHTS']})"
     if backend == "both":
         return "both", f"{BACKEND_ENV}=both, N x K = {n * k}: twice the packed bytes, the faster kernel at each M"
