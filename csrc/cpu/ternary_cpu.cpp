@@ -80,17 +80,12 @@ constexpr int64_t kBrgemmRows = 128;
 constexpr int64_t kBrgemmPanelCols = 256;
 // y of at least this many bytes is written with streaming stores (the W2A8 AMX kernel's y).
 constexpr int64_t kStreamYBytes = 16 * 1024 * 1024;
-// The same for the bf16 brgemm tile: its stores are rows of up to kBrgemmPanelCols columns, and
-// from 4 MB of y streaming them was faster (Qwen3-0.6B gate_up, 1 thread: M 512 5.90-6.09 ->
-// 5.39-5.63 ms, M 896 10.5-10.6 -> 9.8 ms), below it slower (MiniLM qkv M 512, 1.2 MB of y, in a
-// probe: 0.54 -> 0.61 ms).
+// The same for the bf16 brgemm tile, whose stores are rows of up to kBrgemmPanelCols columns:
+// streaming them is faster from 4 MB of y and slower below (docs/kernel.md, "AMX").
 constexpr int64_t kBrgemmStreamYBytes = 4 * 1024 * 1024;
 // Where AMX runs, the smallest M of bf16 x that takes the dequantized tile and oneDNN's GEMM
-// rather than the brgemm tile (bf16_tile_kernel): the brgemm tile won at M 512-896 on 7 of the 8
-// Qwen3-0.6B and MiniLM layers, the GEMM at 1024 on 5 and at 2048 on all MiniLM layers (issue #23,
-// 1 thread, warm weights). What the brgemm tile loses there is mostly its stores of y: with y kept
-// in L2 a probe's MiniLM qkv M 2048 took 1.54 ms instead of 2.09 (benchmarks/probes/
-// cpu_brgemm_block_probe.py); oneDNN's GEMM writes y from inside its kernel.
+// rather than the brgemm tile (bf16_tile_kernel): from there the brgemm tile loses to oneDNN's
+// GEMM, mostly on its stores of y, which oneDNN writes from inside its kernel (docs/kernel.md, "AMX").
 constexpr int64_t kGemmMinMAmx = 1024;
 
 int64_t env_int(const char* name, int64_t fallback) {
@@ -324,10 +319,9 @@ torch::Tensor x_as(const torch::Tensor& x, int64_t kc, at::ScalarType dtype) {
 
 #ifdef TERNARY_CPU_KERNELS
 // W rows a brgemm tile holds (a multiple of kVnniCols, before balanced_tile_rows evens them out):
-// those of tile_bytes, but at least kBrgemmMinTileRows within twice tile_bytes. Every tile streams
-// all of x past its rows, once a tile: 64 rows of Qwen3-0.6B down (K 3072, 384 KB) read x from L3
-// once per 64 W rows (M 2048, 1 thread: 14.1 ms against 11.9 with 128-row tiles, 768 KB); at K
-// 1024 512 KB (256 rows) beat 1 MB (qkv M 512: 3.75 vs 4.06 ms).
+// those of tile_bytes, but at least kBrgemmMinTileRows within twice tile_bytes: every tile streams
+// all of x past its rows, so at large K (Qwen3-0.6B down, K 3072) 64-row tiles read x from L3 twice
+// as often as 128-row ones (docs/kernel.md, "AMX").
 constexpr int64_t kBrgemmMinTileRows = 128;
 int64_t brgemm_tile_rows(int64_t row_bytes, int64_t tile_bytes) {
   const int64_t rows = std::max(tile_bytes / row_bytes, std::min(kBrgemmMinTileRows, 2 * tile_bytes / row_bytes));
@@ -336,7 +330,7 @@ int64_t brgemm_tile_rows(int64_t row_bytes, int64_t tile_bytes) {
 
 // The K of one brgemm call (brgemm_tiles), a multiple of 64: K in near-equal slices of about
 // kBrgemmKSliceBytes of A a row (256 bf16), or all of K where it is at most twice that (K <= 512
-// bf16: MiniLM's 384 ran 12-15 % faster in one call than in two of 192).
+// bf16: MiniLM's 384 ran faster in one call than in two).
 constexpr int64_t kBrgemmKSliceBytes = 512;
 int64_t brgemm_k_slice(int64_t kc, int64_t elem_bytes) {
   const int64_t slice = kBrgemmKSliceBytes / elem_bytes;
@@ -574,9 +568,8 @@ constexpr int64_t kW8TileBytes = 256 * 1024;
 // 0.22 / 0.30, 0.31 / 0.31, 0.36 / 0.34; o 0.11 / 0.18, 0.16 / 0.14, 0.21 / 0.14; down 0.18 /
 // 0.23, 0.23 / 0.21, 0.30 / 0.21; MiniLM down 0.036 / 0.058, 0.052 / 0.053, 0.065 / 0.057.
 constexpr int64_t kW8AmxMinM = 8;
-// The int8 W rows a thread decodes at once, in bytes (with x then run in blocks of 512 KB: 1 MB
-// / 512 KB against 512 KB / 1 MB, 5 % faster at M 2048 on Qwen3-0.6B down and gate_up, equal at
-// M 512; 1 thread, the 2-core Xeon with AMX; brgemm_tiles has no x blocks since 2026-12-05).
+// The int8 W rows a thread decodes at once, in bytes: 1 MB beat 512 KB by ~5 % at M 2048 on
+// Qwen3-0.6B down and gate_up (1 thread), measured before brgemm_tiles' K slices, not since.
 constexpr int64_t kW8AmxTileBytes = 1024 * 1024;
 
 int64_t w8_small_m_max() {
