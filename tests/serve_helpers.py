@@ -89,16 +89,19 @@ def post(payload, key=KEY, content=None, timeout=60):
                       headers={**headers, "Content-Type": "application/json"}, timeout=timeout)
 
 
-def config_dtype(config: str) -> str:
-    """The engine dtype a Serve config gives its model (args.dtype of its one application)."""
-    return yaml.safe_load((REPO / config).read_text())["applications"][0]["args"]["dtype"]
+def config_engine(config: str) -> dict:
+    """How a Serve config's one application runs its engine, as offline_embeddings' keywords:
+    its dtype, and compiled unless it sets enforce_eager."""
+    args = yaml.safe_load((REPO / config).read_text())["applications"][0]["args"]
+    return {"dtype": args["dtype"], "compile": not args.get("enforce_eager", False)}
 
 
-def offline_embeddings(model_dir, texts, out_json, tp=1, dtype="float32"):
-    """The same texts through offline vLLM (`ternary-serve embed`) in ``dtype``."""
+def offline_embeddings(model_dir, texts, out_json, tp=1, dtype="float32", compile=False):
+    """The same texts through offline vLLM (`ternary-serve embed`) in ``dtype``, compiled or eager."""
     env = dict(os.environ, VLLM_CPU_OMP_THREADS_BIND="0|1" if tp > 1 else "0-1", VLLM_CPU_KVCACHE_SPACE="1")
     proc = run_engine([sys.executable, "-m", "ternary_plugin.cli", "embed", str(model_dir), "--tp", str(tp),
-                       "--dtype", dtype, "--json", str(out_json), *texts], env, cwd=REPO)
+                       "--dtype", dtype, *(["--compile"] if compile else []), "--json", str(out_json), *texts],
+                      env, cwd=REPO)
     assert proc.returncode == 0, f"rc {proc.returncode}\n{proc.stderr[-3000:]}"
     return json.loads(out_json.read_text())
 

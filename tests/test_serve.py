@@ -12,7 +12,7 @@ import httpx
 import pytest
 import torch
 
-from tests.serve_helpers import (BASE, KEY, MODEL, RUNNING, config_dtype, listening_sockets, offline_embeddings, post,
+from tests.serve_helpers import (BASE, KEY, MODEL, RUNNING, config_engine, listening_sockets, offline_embeddings, post,
                                  serving)
 
 pytest.importorskip("ray.serve.llm")
@@ -37,7 +37,7 @@ def test_openai_client_embeddings_equal_offline_vllm(server, tmp_path):
     client = OpenAI(base_url=f"{BASE}/v1", api_key=KEY)
     resp = client.embeddings.create(model=MODEL, input=TEXTS)
     served = torch.tensor([d.embedding for d in resp.data])
-    offline = offline_embeddings(server, TEXTS, tmp_path / "offline.json", dtype=config_dtype("configs/cpu.yaml"))
+    offline = offline_embeddings(server, TEXTS, tmp_path / "offline.json", **config_engine("configs/cpu.yaml"))
     assert served.shape == (2, 384)
     # same engine, same dtype: equal up to summation order (measured equal, bf16, 2026-12-04)
     assert float((served - torch.tensor(offline["embeddings"])).abs().max()) <= BF16_ORDER_BOUND

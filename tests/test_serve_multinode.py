@@ -20,7 +20,7 @@ import pytest
 import torch
 
 from tests.conftest import REPO
-from tests.serve_helpers import (BASE, KEY, METRICS_PORT, MODEL, RAY_TMP, config_dtype, derived_config,
+from tests.serve_helpers import (BASE, KEY, METRICS_PORT, MODEL, RAY_TMP, config_engine, derived_config,
                                  health_status, offline_embeddings, post, serving)
 from tests.support import faults
 
@@ -132,7 +132,7 @@ def test_replicas_match_offline_tp1(cluster, tmp_path):
     assert r.status_code == 200, r.text
     served = torch.tensor([d["embedding"] for d in r.json()["data"]], dtype=torch.float64)
     offline = torch.tensor(offline_embeddings(cluster, TEXTS, tmp_path / "offline.json", tp=1,
-                                              dtype=config_dtype("configs/cpu-tp2.yaml"))["embeddings"],
+                                              **config_engine("configs/cpu-tp2.yaml"))["embeddings"],
                            dtype=torch.float64)
     cos = torch.nn.functional.cosine_similarity(served, offline, dim=-1)
     assert bool((cos >= 0.9999).all()), cos.tolist()
