@@ -158,6 +158,30 @@ def test_folded_kernel_is_the_folded_formula_bit_for_bit(m, n, k, k_offset, bs, 
     assert _rel(y, _formula(x, packed, scale, b, bs, k_offset)) < 2e-2, reason
 
 
+@pytest.mark.parametrize("rows,fold", [(128, True), (256, True), (128, False)], ids=["folded", "folded-256", "exact"])
+@pytest.mark.parametrize("k", [700, 4500])
+def test_scale_rows_wider_than_the_layer(k, rows, fold):
+    """A scale tensor of 40 blocks a row where the layer reads 6 or 36 (past 32 blocks, in rows of
+    a multiple of 16 bytes, the first tile's scales load 16 bytes at a time and the last vector
+    reaches past the layer's blocks): blocks the layer does not read hold 60000 and must reach
+    neither the fold's row maximum nor any sum."""
+    m, n = 40, 300
+    x, packed, scale, bias = _case(m, n, k, 0, 128, torch.bfloat16, seed=k + rows)
+    scale = _signed_scales(scale, seed=k)
+    wide = torch.full((n, 40), 60000.0, dtype=torch.float16)
+    wide[:, : scale.shape[1]] = scale
+    _poison_allocator(m * n * 2)
+    y = torch.ops.ternary_serve.gemm_w2a8_path(x.cuda(), packed.cuda(), wide.cuda(), bias.cuda(), 128, 0,
+                                                fold=fold, rows=rows)
+    torch.cuda.synchronize()
+    assert bool(torch.isfinite(y).all()), "unwritten (NaN-poisoned) or non-finite output"
+    if fold:
+        bad = (y.cpu() != reference_linear_w2a8_folded(x, packed, scale, bias, 128, 0)).sum().item()
+        assert bad == 0, f"{bad} of {m * n} outputs differ from the folded formula on the layer's own blocks"
+    else:
+        assert _rel(y, _formula(x, packed, scale, bias, 128, 0)) < TOL[torch.bfloat16]
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
 @pytest.mark.parametrize("m,n,k,k_offset,bs,reason", SHAPES, ids=[s[-1] for s in SHAPES])
 def test_256_row_tiles_are_the_folded_formula_bit_for_bit(m, n, k, k_offset, bs, reason, dtype):

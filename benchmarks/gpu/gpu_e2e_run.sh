@@ -15,6 +15,7 @@
 #   bash benchmarks/gpu/gpu_e2e_run.sh setup s8_ab         # the s8 kernel of other commits (.e2e/ab/*, carried
 #                                                   # with .whl) and this checkout's, timed in one call
 #   bash benchmarks/gpu/gpu_e2e_run.sh setup s8_ab band_only   # then bench_band alone (BAND_ARGS)
+#   bash benchmarks/gpu/gpu_e2e_run.sh setup s8_grid       # the s8 kernel at every k_split (s8_grid.py; carry .whl)
 #   ORDER="mma floor" bash benchmarks/probes/run_probes.sh  # kernels alone, outside torch (seconds; no setup)
 #   bash benchmarks/gpu/gpu_e2e_run.sh setup humming_gemv  # the kernel over Humming's layout (band HG): tests,
 #                                                   # bench_band, its probe, memcheck (carry .whl only)
@@ -283,6 +284,14 @@ stage_s8_ab() {
   s8_memcheck
 }
 
+# The folded s8 kernel at every k_split and tile height, the quantization alone, and a K sweep at
+# N 4096 (benchmarks/probes/s8_grid.py; GRID_MS, default 64 256 1024): $OUT/s8-grid.json
+stage_s8_grid() {
+  timeout ${GRID_TIMEOUT:-200} python3 benchmarks/probes/s8_grid.py --ms ${GRID_MS:-64 256 1024} \
+    --json "$OUT/s8-grid.json" > "$LOGS/s8_grid.log" 2>&1 || tail -5 "$LOGS/s8_grid.log"
+  grep -v refused "$LOGS/s8_grid.log" | cut -c1-220 | tail -30
+}
+
 # The wgmma kernel alone (a short call while it is being built): its GPU tests, memcheck on its
 # small cases, and the kernel bench at M >= 64 (kernel-wgmma.md)
 stage_wgmma() {
@@ -343,6 +352,32 @@ stage_profile_s8() {
       --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis_Tables \
       --metrics regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio" \
       ${S8_CASES:-gate_up:4096:24576:4096 o06b:2048:1024:16384}
+  done
+}
+
+# Nsight Compute's per-instruction warp-state samples (SourceCounters) of the folded s8 kernel on
+# one launch per S8_SRC_CASES name:K:N:M (default 8B down and o at M 256, the kernel's own tiling):
+# $OUT/ncu-src-NAME-mM.csv.gz, the SASS with its stall samples (ncu --page source)
+stage_profile_s8_source() {
+  local case name k n m
+  for case in ${S8_SRC_CASES:-down:12288:4096:256 o:4096:4096:256}; do
+    IFS=: read -r name k n m <<< "$case"
+    timeout 150 ncu --clock-control none -k regex:ternary_wgmma_s8_kernel --launch-skip 3 --launch-count 1 \
+      --section SourceCounters --section WarpStateStats -o "/tmp/src-$name-m$m" -f python3 - "$m" "$k" "$n" \
+      > "$LOGS/ncu-src-$name-m$m.log" 2>&1 <<'EOF2'
+import sys, torch
+from ternary_plugin import format as fmt, ops
+assert ops.op_available(), ops._state
+m, k, n = (int(a) for a in sys.argv[1:4])
+packed = ops.pad_packed_rows(fmt.pack_ternary(torch.randint(-1, 2, (n, k), dtype=torch.int8))).cuda()
+scale = (torch.rand(n, fmt.scale_cols(k, 128)) * 0.05 + 0.01).half().cuda()
+x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
+for _ in range(5):
+    torch.ops.ternary_serve.gemm_w2a8_path(x, packed, scale, None, 128, 0, fold=True)
+torch.cuda.synchronize()
+EOF2
+    ncu -i "/tmp/src-$name-m$m.ncu-rep" --page source --csv --print-source sass 2>&1 | gzip > "$OUT/ncu-src-$name-m$m.csv.gz"
+    echo "--- $name M=$m: $(zcat "$OUT/ncu-src-$name-m$m.csv.gz" | wc -l) lines"; tail -3 "$LOGS/ncu-src-$name-m$m.log"
   done
 }
 
