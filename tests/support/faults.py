@@ -8,6 +8,8 @@ root on its PYTHONPATH (tests/serve_helpers.py starts it so).
 
 from __future__ import annotations
 
+import time
+
 import torch
 
 from deployments import compat
@@ -20,6 +22,18 @@ FAULT_KINDS = ("flip", "shift")
 
 
 class FaultInjectingWorkerExtension(TernaryWorkerExtension):
+    _report_delay_s = 0.0
+
+    def ternary_slow_reports(self, seconds: float) -> bool:
+        """Make this worker's shard reports take ``seconds`` longer (a node that answers late), so
+        a test can take the node away while a reconciliation job is waiting on it."""
+        self._report_delay_s = float(seconds)
+        return True
+
+    def ternary_report(self) -> dict:
+        time.sleep(self._report_delay_s)
+        return super().ternary_report()
+
     def ternary_inject_fault(self, layer_suffix: str, kind: str, rank: int) -> str | None:
         """On tp rank ``rank`` only, corrupt the first layer whose name ends with ``layer_suffix``:
         "flip" changes two codes of its first packed byte, "shift" rolls its scales by one block."""
@@ -53,3 +67,13 @@ class FaultInjectingServer(TernaryLLMServer):
             names = await compat.engine_client(self).collective_rpc("ternary_inject_fault", args=(layer_suffix, kind, rank))
             applied = next((n for n in names if n), None)
         return {"replica": serve.get_replica_context().replica_id.unique_id, "node_id": here, "layer": applied}
+
+    async def ternary_slow_reports(self, seconds: float, node_id: str) -> dict:
+        """ternary_slow_reports on every rank of this replica, if it runs on ``node_id``; callers
+        repeat until the replica on that node applied it (as ternary_inject_fault)."""
+        import ray
+
+        here = ray.get_runtime_context().get_node_id()
+        applied = here == node_id and all(await compat.engine_client(self).collective_rpc("ternary_slow_reports",
+                                                                                           args=(seconds,)))
+        return {"node_id": here, "applied": applied}
