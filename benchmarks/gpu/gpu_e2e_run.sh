@@ -309,14 +309,16 @@ stage_wgmma() {
 # ncu_cases KERNEL_REGEX PATH TAG SECTIONS CASE...: Nsight Compute on one launch of a kernel per
 # CASE name:K:N:M, its report in $NCU_DIR (default $LOGS)/ncu-TAG-name-mM.txt and the key lines
 # printed. PATH: gemm_path forced to that path, or s8:ROWS for gemm_w2a8_path (folded scales,
-# ROWS-row tiles)
+# ROWS-row tiles, 0 = the kernel's choice). NCU_SOURCE=1: the report is saved instead and its
+# source page (the SASS with each instruction's metrics) written to ncu-TAG-name-mM.csv.gz
 ncu_cases() {
   local kernel=$1 path=$2 tag=$3 sections=$4; shift 4
   for case in "$@"; do
     IFS=: read -r name k n m <<< "$case"
-    local report=${NCU_DIR:-$LOGS}/ncu-$tag-$name-m$m.txt
+    local report=${NCU_DIR:-$LOGS}/ncu-$tag-$name-m$m.txt save=()
+    [ "${NCU_SOURCE:-0}" = 1 ] && save=(-o "/tmp/ncu-$tag-$name-m$m" -f)
     # shellcheck disable=SC2086  # the sections are separate words
-    timeout 150 ncu --clock-control none -k "regex:$kernel" --launch-skip 3 --launch-count 1 $sections \
+    timeout 150 ncu --clock-control none -k "regex:$kernel" --launch-skip 3 --launch-count 1 $sections "${save[@]}" \
       python3 - "$m" "$k" "$n" "$path" > "$report" 2>&1 <<'EOF2'
 import sys, torch
 from ternary_plugin import format as fmt, ops
@@ -334,6 +336,12 @@ for _ in range(5):
 torch.cuda.synchronize()
 EOF2
     echo "--- ncu $tag $name M=$m"
+    if [ "${NCU_SOURCE:-0}" = 1 ]; then
+      ncu -i "/tmp/ncu-$tag-$name-m$m.ncu-rep" --page source --csv --print-source sass 2>&1 |
+        gzip > "${report%.txt}.csv.gz"
+      echo "$(zcat "${report%.txt}.csv.gz" | wc -l) lines of source page"; tail -3 "$report"
+      continue
+    fi
     grep -E "Duration|Memory Throughput|DRAM Throughput|Compute \(SM\) Throughput|Registers Per|Achieved Occupancy|Theoretical Occupancy|Block Limit|Warp Cycles Per Issued|Stall|Grid Size|Cluster Size|Dynamic Shared|Waves Per SM|L2 Hit|Issue Slots Busy|Executed Ipc A|Mem Busy|Max Bandwidth|One or More|No Eligible|stalled_[a-z_]*_per_issue_active.ratio +[0-9.]*[1-9]" \
       "$report" | head -70
   done
@@ -357,28 +365,11 @@ stage_profile_s8() {
 
 # Nsight Compute's per-instruction warp-state samples (SourceCounters) of the folded s8 kernel on
 # one launch per S8_SRC_CASES name:K:N:M (default 8B down and o at M 256, the kernel's own tiling):
-# $OUT/ncu-src-NAME-mM.csv.gz, the SASS with its stall samples (ncu --page source)
+# $OUT/ncu-s8-src-NAME-mM.csv.gz, the SASS with its stall samples (ncu --page source)
 stage_profile_s8_source() {
-  local case name k n m
-  for case in ${S8_SRC_CASES:-down:12288:4096:256 o:4096:4096:256}; do
-    IFS=: read -r name k n m <<< "$case"
-    timeout 150 ncu --clock-control none -k regex:ternary_wgmma_s8_kernel --launch-skip 3 --launch-count 1 \
-      --section SourceCounters --section WarpStateStats -o "/tmp/src-$name-m$m" -f python3 - "$m" "$k" "$n" \
-      > "$LOGS/ncu-src-$name-m$m.log" 2>&1 <<'EOF2'
-import sys, torch
-from ternary_plugin import format as fmt, ops
-assert ops.op_available(), ops._state
-m, k, n = (int(a) for a in sys.argv[1:4])
-packed = ops.pad_packed_rows(fmt.pack_ternary(torch.randint(-1, 2, (n, k), dtype=torch.int8))).cuda()
-scale = (torch.rand(n, fmt.scale_cols(k, 128)) * 0.05 + 0.01).half().cuda()
-x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
-for _ in range(5):
-    torch.ops.ternary_serve.gemm_w2a8_path(x, packed, scale, None, 128, 0, fold=True)
-torch.cuda.synchronize()
-EOF2
-    ncu -i "/tmp/src-$name-m$m.ncu-rep" --page source --csv --print-source sass 2>&1 | gzip > "$OUT/ncu-src-$name-m$m.csv.gz"
-    echo "--- $name M=$m: $(zcat "$OUT/ncu-src-$name-m$m.csv.gz" | wc -l) lines"; tail -3 "$LOGS/ncu-src-$name-m$m.log"
-  done
+  # shellcheck disable=SC2086  # the cases are separate words
+  NCU_SOURCE=1 NCU_DIR=$OUT ncu_cases ternary_wgmma_s8_kernel s8:0 s8-src "--section SourceCounters \
+    --section WarpStateStats" ${S8_SRC_CASES:-down:12288:4096:256 o:4096:4096:256}
 }
 
 stage_profile() {  # the tensor-core kernel: gate_up (K 1024, N 6144) at M 1 and 16, and down (K 3072,
