@@ -141,6 +141,20 @@ def _timed(fn, reps: int) -> list[float]:
 CPU_SWEEP = ((32,), (1, 16, 512))  # the CPU issue's ~30-token inputs at batch 1 / 16 / 512
 
 
+def offline_engine_args(model: Path, dtype: str = "bfloat16", hf_overrides: dict | None = None) -> dict:
+    """LLM(...) keywords of the offline engine (offline() and the probes that profile it)."""
+    from transformers import AutoConfig
+
+    from ternary_plugin.worker_ext import EXTENSION
+
+    # 1024 for Qwen3 (32768 positions); MiniLM: vLLM derives 256 from sentence-transformers' config
+    positions = getattr(AutoConfig.from_pretrained(model), "max_position_embeddings", 1024)
+    return {"model": str(model), "runner": "pooling", "dtype": dtype, "seed": 0,
+            "max_model_len": 1024 if positions >= 1024 else None, "max_num_batched_tokens": 16384,
+            "gpu_memory_utilization": 0.5, "worker_extension_cls": EXTENSION,
+            **({"hf_overrides": hf_overrides} if hf_overrides else {})}
+
+
 def offline(model: Path, label: str, out: Path, reference: bool, quick: bool = False,
             hf_overrides: dict | None = None, cpu: bool = False, dtype: str = "bfloat16") -> int:
     import random
@@ -150,16 +164,8 @@ def offline(model: Path, label: str, out: Path, reference: bool, quick: bool = F
     import torch
     from vllm import LLM
 
-    from ternary_plugin.worker_ext import EXTENSION
-
-    from transformers import AutoConfig
-
-    # 1024 for Qwen3 (32768 positions); MiniLM: vLLM derives 256 from sentence-transformers' config
-    positions = getattr(AutoConfig.from_pretrained(model), "max_position_embeddings", 1024)
     t0 = time.time()
-    llm = LLM(model=str(model), runner="pooling", dtype=dtype, seed=0, max_model_len=1024 if positions >= 1024 else None,
-              max_num_batched_tokens=16384, gpu_memory_utilization=0.5, worker_extension_cls=EXTENSION,
-              **({"hf_overrides": hf_overrides} if hf_overrides else {}))
+    llm = LLM(**offline_engine_args(model, dtype, hf_overrides))
     start_s = time.time() - t0
     max_len = llm.llm_engine.model_config.max_model_len
     vocab = min(llm.get_tokenizer().vocab_size, 1000)

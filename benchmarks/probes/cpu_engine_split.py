@@ -329,18 +329,13 @@ def perf_groups(perf: dict) -> dict:
 
 
 def child(args) -> int:
-    import torch
-    from transformers import AutoConfig
     from vllm import LLM
 
-    from ternary_plugin.worker_ext import EXTENSION
+    from benchmarks.bench_e2e import offline_engine_args
 
     model = args.model
-    positions = getattr(AutoConfig.from_pretrained(model), "max_position_embeddings", 1024)
     t0 = time.time()
-    # bench_e2e.py offline's arguments, unchanged
-    llm = LLM(model=str(model), runner="pooling", dtype=args.dtype, seed=0, max_model_len=1024 if positions >= 1024 else None,
-              max_num_batched_tokens=16384, gpu_memory_utilization=0.5, worker_extension_cls=EXTENSION)
+    llm = LLM(**offline_engine_args(model, args.dtype))  # bench_e2e.py offline's engine
     result = {"model": str(model), "label": args.label, "engine_start_s": round(time.time() - t0, 1),
               "compilation_config": str(llm.llm_engine.vllm_config.compilation_config)[:600]}
     try:
