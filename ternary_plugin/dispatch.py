@@ -73,7 +73,7 @@ LIMITS: tuple[Limit, ...] = (
           "on a layer holding both layouts, largest M that keeps this repository's tensor-core kernel (band H2)"),
     Limit("TERNARY_BOTH_WGMMA_MIN_M", 256,
           "on a layer holding both layouts, smallest M that keeps this repository's wgmma kernel (band H2)"),
-    Limit("TERNARY_W2A8_WGMMA_MIN_MN", 16_777_216,
+    Limit("TERNARY_W2A8_WGMMA_MIN_MN", 3_145_728,
           "int8 activations on Hopper: smallest M x N that takes this repository's s8 wgmma kernel on a layer that "
           "also holds Humming's layout, Humming's int2 x int8 below (band Q2; 1: ours at every M, no Humming layout; "
           "0: Humming at every M)"),
@@ -380,14 +380,15 @@ W2A8_BANDS: tuple[Band, ...] = (
          "under the tile before, activations quantized with 16-byte loads)",
          lambda c, d, l, layout: layout == "ternary" and d.hopper and wgmma_s8_aligned(c)),
     Band("Q2", "the layer holds both layouts (plan_layout); compute capability 9.0, same alignment, "
-               "M x N >= TERNARY_W2A8_WGMMA_MIN_MN (4096 x 4096)",
+               "M x N >= TERNARY_W2A8_WGMMA_MIN_MN (3 x 2^20: 8B's gate_up from M 128, qkv from 512, o and down "
+               "from 768)",
          WGMMA_S8, "wgmma s8",
-         "from M x N 4096 x 4096 ours is the faster at every measured (layer, M) of 8B and 0.6B shapes: on the H100 "
-         "against Humming's heuristic tiles in two runs (kernel-h100-w2a8.md: 8B o M 4096 139 vs 169 us, down M 4096 "
-         "405 vs 479, 0.6B o M 16384 115 vs 119), on the H200 against the tiles measured for it (8B qkv / o / gate_up "
-         "/ down M 4096 198 / 145 / 697 / 389 vs 234 / 164 / 850 / 461, s8-ab-h200.md and kernel-h200-hg.md); below "
-         "it Humming wins or ties (H100: 8B qkv M 1024 62.7 vs 64.2, gate_up M 256 62.0 vs 61.2, 0.6B o M 4096 31.9 "
-         "vs 33.3)",
+         "per 8B layer on the H200 against Humming's w2a8 with the tiles measured for it (kernel-h200-band.md, "
+         "2026-12-06, the s8 kernel with programmatic dependent launch): from 3 x 2^20 ours is the faster at every "
+         "point but one tie (gate_up M 128 / 256 / 512 / 1024 36.0 / 58.9 / 92.6 / 174.3 vs 39.9 / 60.8 / 114.4 / "
+         "219.6 us, qkv M 512 36.5 vs 43.6, o M 1024 39.6 vs 43.4, down M 1024 101.2 vs 116.8, M 4096 all four; "
+         "qkv M 1024 61.2 vs 60.9); below it Humming's (down M 512 64.6 vs 62.4, o M 512 24.8 vs 24.4, down M 256 "
+         "42.0 vs 38.9). The H100 was last compared before that kernel (kernel-h100-w2a8.md: from 4096 x 4096)",
          lambda c, d, l, layout: (layout == "both" and d.hopper and wgmma_s8_aligned(c)
                                   and 0 < l["TERNARY_W2A8_WGMMA_MIN_MN"] <= c.m * c.n)),
     Band("QH", "the layer holds Humming's layout (alone, or both below band Q2)", 0,

@@ -168,12 +168,14 @@ def test_int8_activations_take_our_s8_kernel_on_hopper_and_hummings_elsewhere():
     kw = dict(humming_importable=True, lim=LIM, activation_dtype="int8")
     a100 = d.Device(108, (8, 0), "A100")
     # Hopper, Humming importable: layers of N x K >= TERNARY_HUMMING_MIN_WEIGHTS take both layouts
-    # where M x N reaches TERNARY_W2A8_WGMMA_MIN_MN (4096 x 4096) by M 16384, i.e. N >= 1024, Humming's
-    # alone on narrower ones; smaller layers keep the ternary layout, as with bf16 activations
+    # where M x N reaches TERNARY_W2A8_WGMMA_MIN_MN (3 x 2^20) by M 16384, i.e. N >= 192 (256: Humming
+    # takes N in 128s), Humming's alone on narrower ones; smaller layers keep the ternary layout, as
+    # with bf16 activations
     assert d.plan_layout(24576, 4096, 128, 0, H200, backend="auto", **kw)[0] == "both"
     assert d.plan_layout(4096, 12288, 128, 0, H200, backend="auto", **kw)[0] == "both"
     assert d.plan_layout(4096, 4096, 128, 0, H200, backend="auto", **kw)[0] == "both"
-    layout, why = d.plan_layout(896, 20480, 128, 0, H200, backend="auto", **kw)
+    assert d.plan_layout(256, 65536, 128, 0, H200, backend="auto", **kw)[0] == "both"
+    layout, why = d.plan_layout(128, 131072, 128, 0, H200, backend="auto", **kw)
     assert layout == "humming" and "TERNARY_W2A8_WGMMA_MIN_MN" in why
     layout, why = d.plan_layout(6144, 1024, 128, 0, H200, backend="auto", **kw)
     assert layout == "ternary" and "TERNARY_HUMMING_MIN_WEIGHTS" in why
@@ -215,12 +217,12 @@ def test_int8_activations_take_our_s8_kernel_on_hopper_and_hummings_elsewhere():
     assert w2a8(1, "ternary", lim=off, n=1024) == ("wgmma s8", "Q1", "ternary")
     assert w2a8(1, "humming", lim=off) == ("humming int2", "QH", "humming")
     assert w2a8(16384, "ternary") == ("wgmma s8", "Q1", "ternary")
-    assert w2a8(682, "both", n=24576) == ("humming int2", "QH", "humming")
-    assert w2a8(683, "both", n=24576) == ("wgmma s8", "Q2", "ternary")
-    assert w2a8(4095, "both", n=4096) == ("humming int2", "QH", "humming")
-    assert w2a8(4096, "both", n=4096) == ("wgmma s8", "Q2", "ternary")
-    assert w2a8(16383, "both", n=1024) == ("humming int2", "QH", "humming")
-    assert w2a8(16384, "both", n=1024) == ("wgmma s8", "Q2", "ternary")
+    assert w2a8(127, "both", n=24576) == ("humming int2", "QH", "humming")
+    assert w2a8(128, "both", n=24576) == ("wgmma s8", "Q2", "ternary")
+    assert w2a8(767, "both", n=4096) == ("humming int2", "QH", "humming")
+    assert w2a8(768, "both", n=4096) == ("wgmma s8", "Q2", "ternary")
+    assert w2a8(3071, "both", n=1024) == ("humming int2", "QH", "humming")
+    assert w2a8(3072, "both", n=1024) == ("wgmma s8", "Q2", "ternary")
     assert w2a8(16384, "both", n=24576, lim={**LIM, "TERNARY_W2A8_WGMMA_MIN_MN": 0}) == ("humming int2", "QH",
                                                                                          "humming")
     assert w2a8(64, "humming") == ("humming int2", "QH", "humming")
@@ -239,7 +241,7 @@ def test_int8_activations_keep_one_layout_where_the_limit_says_so():
     (our s8 kernel at every M past band QB), 0 Humming's; bf16 activations are not affected."""
     kw = dict(humming_importable=True, lim=LIM, activation_dtype="int8")
     layout, why = d.plan_layout(24576, 4096, 128, 0, H200, backend="auto", **kw)
-    assert layout == "both" and "twice the packed bytes" in why and "from M 683" in why
+    assert layout == "both" and "twice the packed bytes" in why and "from M 128" in why
     ours = {**kw, "lim": {**LIM, "TERNARY_W2A8_WGMMA_MIN_MN": 1}}
     assert d.plan_layout(24576, 4096, 128, 0, H200, backend="auto", **ours)[0] == "ternary"
     hum = {**kw, "lim": {**LIM, "TERNARY_W2A8_WGMMA_MIN_MN": 0}}
