@@ -86,6 +86,13 @@ LIMITS: tuple[Limit, ...] = (
     Limit("TERNARY_W2A8_BF16_LARGE_MAX_M", 16,
           "the same on a layer holding the ternary layout only, of TERNARY_HUMMING_MIN_WEIGHTS weights or more "
           "(band QB; 0: never)"),
+    Limit("TERNARY_W2A8_SMALL_S8_MIN_N", 4096,
+          "int8 activations on a layer holding the ternary layout only, under TERNARY_HUMMING_MIN_WEIGHTS weights: "
+          "narrowest N that takes the s8 kernel; narrower layers run the bf16-activation op at every M (band QB; "
+          "0: no bound)"),
+    Limit("TERNARY_W2A8_SMALL_S8_MIN_MN", 1_572_864,
+          "the same layers: smallest M x N that takes the s8 kernel, the bf16-activation op below (band QB; 0: no "
+          "bound)"),
     Limit("TERNARY_W2A8_FOLD", 1,
           "int8 activations on this repository's s8 wgmma kernel (bands Q1, Q2): 1 folds each weight row's block "
           "scales into its int8 weights (one int32 dot over K, activations.reference_linear_w2a8_folded), 0 keeps "
@@ -359,18 +366,34 @@ def _w2a8_bf16_max_m(call: Call, lim: dict[str, int], layout: str) -> int:
     return max(lim["TERNARY_W2A8_BF16_MAX_M"], alone)
 
 
+def _w2a8_takes_bf16(call: Call, lim: dict[str, int], layout: str) -> bool:
+    """Band QB: M up to _w2a8_bf16_max_m, and on small layers (ternary layout, under
+    TERNARY_HUMMING_MIN_WEIGHTS weights) every M of narrow ones and M x N below a floor on wide ones."""
+    if call.m <= _w2a8_bf16_max_m(call, lim, layout):
+        return True
+    if layout != "ternary" or large_layer(call.n, call.k, lim):
+        return False
+    return call.n < lim["TERNARY_W2A8_SMALL_S8_MIN_N"] or call.m * call.n < lim["TERNARY_W2A8_SMALL_S8_MIN_MN"]
+
+
 # The int8-activation mode (activation_dtype int8, per-token scales): first row that holds.
 W2A8_BANDS: tuple[Band, ...] = (
     Band("QB", "M <= TERNARY_W2A8_BF16_MAX_M (8); on a layer holding the ternary layout only, M <= "
                "TERNARY_W2A8_BF16_TERNARY_MAX_M (64) under TERNARY_HUMMING_MIN_WEIGHTS weights (N x K) and M <= "
-               "TERNARY_W2A8_BF16_LARGE_MAX_M (16) from it", W2A8_BF16,
+               "TERNARY_W2A8_BF16_LARGE_MAX_M (16) from it; under it also every M where N < "
+               "TERNARY_W2A8_SMALL_S8_MIN_N (4096) or M x N < TERNARY_W2A8_SMALL_S8_MIN_MN (1.5 x 2^20)", W2A8_BF16,
          "the bf16-activation op (its bands 1-9, HG, H): no int8 quantization at all",
          "where the int8 kernels lose to it, per decoder layer on the H200 (kernel-h200-hg.md): 8B 46.5/49.5 us at "
          "M 1/4 against W2A8's 57.6/58.4 (Humming's layout; from M 16 W2A8 wins, 62.6 vs 70.9); 0.6B (ternary "
          "layout) 13.5/14.0/17.4/26.1/30.6 us at M 1/4/16/32/64 against 30.8/31.5/33.1/33.1/35.4; 8B on the "
          "ternary layout alone (no Humming, or TERNARY_W2A8_WGMMA_MIN_MN=1), on the H100 (kernel-h100.md): the "
-         "bf16 op 1.85x cuBLAS bf16 at M 16 against the folded s8 kernel's 1.48x, 0.72x at M 64 against 1.46x",
-         lambda c, d, l, layout: c.m <= _w2a8_bf16_max_m(c, l, layout)),
+         "bf16 op 1.85x cuBLAS bf16 at M 16 against the folded s8 kernel's 1.48x, 0.72x at M 64 against 1.46x. "
+         "0.6B layers past M 64 (kernel-h200-band.md, the s8 kernel with programmatic dependent launch): N 1024 "
+         "(o, down) the bf16 op at every M to 4096 (o M 1024 12.0 vs 15.2 us, down M 4096 37.1 vs 39.6) and a "
+         "tie at down M 16384 (138.9 vs 138.4), as on the H100 at every M (kernel-h100.md); N 4096 / 6144 (qkv, "
+         "gate_up) the s8 kernel from M x N 1.5 x 2^20 (gate_up M 256 10.2 vs 11.5, qkv M 512 10.6 vs 11.6) and "
+         "the bf16 op below (qkv M 256 9.5 vs 10.7, gate_up M 128 9.5 vs 10.6)",
+         lambda c, d, l, layout: _w2a8_takes_bf16(c, l, layout)),
     Band("Q1", "the layer holds the ternary layout only; compute capability 9.0; block_size, k_offset multiples of "
                "128", WGMMA_S8, "wgmma s8, 64/128 tokens x 128 W rows, persistent or split 2-8 ways along K; block "
                       "scales folded into the int8 weights (TERNARY_W2A8_FOLD), then also 128 tokens x 256 W rows "
@@ -482,7 +505,8 @@ def plan_layout(n: int, k: int, block_size: int, k_offset: int, dev: Device, *, 
         if not large_layer(n, k, lim):
             return "ternary", (f"int8 activations, N x K = {n * k} < TERNARY_HUMMING_MIN_WEIGHTS "
                                f"({lim['TERNARY_HUMMING_MIN_WEIGHTS']}): the bf16-activation op to M "
-                               f"{lim['TERNARY_W2A8_BF16_TERNARY_MAX_M']}, the s8 wgmma kernel above")
+                               f"{lim['TERNARY_W2A8_BF16_TERNARY_MAX_M']} and on narrow or small calls (band QB), "
+                               f"the s8 wgmma kernel above")
         min_mn = lim["TERNARY_W2A8_WGMMA_MIN_MN"]
         if min_mn == 1:
             return "ternary", "int8 activations, TERNARY_W2A8_WGMMA_MIN_MN=1: this repository's s8 wgmma kernel at every M"

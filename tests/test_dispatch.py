@@ -192,15 +192,15 @@ def test_int8_activations_take_our_s8_kernel_on_hopper_and_hummings_elsewhere():
     assert d.plan_layout(1024, 768, 128, 0, a100, backend="auto", **kw)[0] == "humming"
     assert d.plan_layout(1024, 768, 128, 64, H200, backend="auto", **kw)[0] == "ternary"  # ineligible shard
 
-    def w2a8(m, layout, dev=H200, lim=LIM, n=4096, **call):
-        c = d.plan_w2a8(d.Call(m, n, 4096, **call), dev, layout, lim=lim)
+    def w2a8(m, layout, dev=H200, lim=LIM, n=4096, k=4096, **call):
+        c = d.plan_w2a8(d.Call(m, n, k, **call), dev, layout, lim=lim)
         return c.kernel_name, c.band, c.backend
 
     # band QB: small M runs the bf16-activation op, up to 8 on any layout; on the ternary one alone up
     # to 64 below TERNARY_HUMMING_MIN_WEIGHTS (0.6B-sized layers) and up to 16 from it (8B-sized)
     assert w2a8(1, "ternary") == ("the bf16-activation op", "QB", "bf16")
     assert w2a8(64, "ternary", n=4095) == ("the bf16-activation op", "QB", "bf16")
-    assert w2a8(65, "ternary", n=4095) == ("wgmma s8", "Q1", "ternary")
+    assert w2a8(65, "ternary", n=4095, k=1024) == ("the bf16-activation op", "QB", "bf16")  # narrow: every M
     assert w2a8(64, "ternary", dev=a100, n=1024) == ("the bf16-activation op", "QB", "bf16")
     assert w2a8(16, "ternary") == ("the bf16-activation op", "QB", "bf16")  # N x K = 4096 x 4096: 8B-sized
     assert w2a8(17, "ternary") == ("wgmma s8", "Q1", "ternary")
@@ -208,11 +208,23 @@ def test_int8_activations_take_our_s8_kernel_on_hopper_and_hummings_elsewhere():
     assert w2a8(64, "ternary", lim={**LIM, "TERNARY_W2A8_BF16_LARGE_MAX_M": 64}) == ("the bf16-activation op", "QB",
                                                                                       "bf16")
     assert w2a8(17, "ternary", lim={**LIM, "TERNARY_HUMMING_MIN_WEIGHTS": 0}) == ("wgmma s8", "Q1", "ternary")
+    # past M 64 on layers under TERNARY_HUMMING_MIN_WEIGHTS (0.6B-sized): the bf16 op on narrow ones
+    # (N < 4096) at every M, on wide ones below M x N 1.5 x 2^20; the s8 kernel from there
+    assert w2a8(16384, "ternary", n=1024, k=3072) == ("the bf16-activation op", "QB", "bf16")
+    assert w2a8(16384, "ternary", n=4095, k=2048) == ("the bf16-activation op", "QB", "bf16")
+    assert w2a8(383, "ternary", n=4096, k=1024) == ("the bf16-activation op", "QB", "bf16")
+    assert w2a8(384, "ternary", n=4096, k=1024) == ("wgmma s8", "Q1", "ternary")
+    assert w2a8(255, "ternary", n=6144, k=1024) == ("the bf16-activation op", "QB", "bf16")
+    assert w2a8(256, "ternary", n=6144, k=1024) == ("wgmma s8", "Q1", "ternary")
+    assert w2a8(65, "ternary", n=1024, k=1024, lim={**LIM, "TERNARY_W2A8_SMALL_S8_MIN_N": 0,
+                                                     "TERNARY_W2A8_SMALL_S8_MIN_MN": 0}) == ("wgmma s8", "Q1", "ternary")
+    assert w2a8(65, "humming", n=1024, k=1024) == ("humming int2", "QH", "humming")  # the rule is the ternary layout's
     assert w2a8(8, "humming") == ("the bf16-activation op", "QB", "bf16")
     assert w2a8(9, "humming") == ("humming int2", "QH", "humming")
     assert w2a8(8, "both", n=24576) == ("the bf16-activation op", "QB", "bf16")
     assert w2a8(65, "ternary") == ("wgmma s8", "Q1", "ternary")
-    off = {**LIM, "TERNARY_W2A8_BF16_MAX_M": 0, "TERNARY_W2A8_BF16_TERNARY_MAX_M": 0, "TERNARY_W2A8_BF16_LARGE_MAX_M": 0}
+    off = {**LIM, "TERNARY_W2A8_BF16_MAX_M": 0, "TERNARY_W2A8_BF16_TERNARY_MAX_M": 0, "TERNARY_W2A8_BF16_LARGE_MAX_M": 0,
+           "TERNARY_W2A8_SMALL_S8_MIN_N": 0, "TERNARY_W2A8_SMALL_S8_MIN_MN": 0}
     assert w2a8(1, "ternary", lim=off) == ("wgmma s8", "Q1", "ternary")
     assert w2a8(1, "ternary", lim=off, n=1024) == ("wgmma s8", "Q1", "ternary")
     assert w2a8(1, "humming", lim=off) == ("humming int2", "QH", "humming")

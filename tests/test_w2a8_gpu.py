@@ -239,9 +239,9 @@ def test_persistent_ctas_stage_every_later_tile_exactly(m, k, tiles_per_cta, fol
 
 def test_the_op_plans_our_kernel_on_hopper_and_graphs_replay_it_exactly():
     """gemm_w2a8 on a ternary-layout layer takes the s8 kernel (band Q1) with its auto tiling past
-    band QB's M, and a CUDA graph of it (as vLLM captures) replays the eager result bit for bit (no
-    atomics: the split reduction adds in rank order)."""
-    x, packed, scale, bias = _case(96, 2048, 1024, 0, 128, torch.bfloat16, seed=5)
+    band QB's M and M x N (a 0.6B qkv-shaped layer at M 400), and a CUDA graph of it (as vLLM captures)
+    replays the eager result bit for bit (no atomics: the split reduction adds in rank order)."""
+    x, packed, scale, bias = _case(400, 4096, 1024, 0, 128, torch.bfloat16, seed=5)
     x, packed, scale, bias = x.cuda(), packed.cuda(), scale.cuda(), bias.cuda()
     assert ops.cuda_plan(x, packed, 128, 0, w2a8=True).band == "Q1"
     eager = torch.ops.ternary_serve.gemm_w2a8(x, packed, scale, bias, 128, 0)
@@ -267,15 +267,19 @@ def test_the_op_plans_our_kernel_on_hopper_and_graphs_replay_it_exactly():
 def test_the_layer_call_routes_to_the_kernel():
     from ternary_plugin.activations import ternary_linear_w2a8
 
-    x, packed, scale, bias = _case(80, 256, 512, 0, 128, torch.float16, seed=9)
+    x, packed, scale, bias = _case(390, 4096, 512, 0, 128, torch.float16, seed=9)
     x, packed, scale, bias = x.cuda(), packed.cuda(), scale.cuda(), bias.cuda()
     assert torch.equal(ternary_linear_w2a8(x, packed, scale, bias, 128, 0),
                        torch.ops.ternary_serve.gemm_w2a8_path(x, packed, scale, bias, 128, 0, fold=ops.w2a8_folds()))
-    # band QB: at small M the mode runs the bf16-activation op itself
+    # band QB: at small M, and at any M on a narrow small layer, the mode runs the bf16-activation op itself
     small = x[:5].contiguous()
+    narrow, narrow_scale, narrow_bias = packed[:1024].contiguous(), scale[:1024].contiguous(), bias[:1024].contiguous()
     assert ops.cuda_plan(small, packed, 128, 0, w2a8=True).band == "QB"
+    assert ops.cuda_plan(x, narrow, 128, 0, w2a8=True).band == "QB"
     assert torch.equal(ternary_linear_w2a8(small, packed, scale, bias, 128, 0),
                        torch.ops.ternary_serve.gemm(small, packed, scale, bias, 128, 0))
+    assert torch.equal(ternary_linear_w2a8(x, narrow, narrow_scale, narrow_bias, 128, 0),
+                       torch.ops.ternary_serve.gemm(x, narrow, narrow_scale, narrow_bias, 128, 0))
     # off the kernel's 128-weight k-steps the plan is the reference (band QR), still correct
     x2, packed2, scale2, _ = _case(70, 96, 502, 64, 128, torch.bfloat16, seed=3)
     assert ops.cuda_plan(x2.cuda(), packed2.cuda(), 128, 64, w2a8=True).backend == "reference"
