@@ -66,10 +66,11 @@ REGISTRY: tuple[EnvVar, ...] = (
            "(default 2 for bf16, 32 for fp32/fp16, measured); above it weight tiles are decoded once (bf16: "
            "TERNARY_CPU_BF16_TILE's kernels; fp32: multiplied by MKL); 0 always tiles"),
     EnvVar("TERNARY_CPU_BF16_TILE", str, "auto", "read",
-           "CPU kernel, bf16 x past small M (csrc/cpu/ternary_cpu.cpp bf16_tile_kernel): auto takes brgemm "
-           "(our VNNI tile through oneDNN's brgemm, AMX tiles) below M 512 and gemm (dequantized tile, oneDNN's "
-           "GEMM) from 512 where AMX runs, else pair (the pair-major vdpbf16ps kernel); pair, brgemm or gemm "
-           "forces one; anything else is an error naming the variable"),
+           "CPU kernel, bf16 x past small M (csrc/cpu/ternary_cpu.cpp bf16_tile_kernel): where AMX runs, auto "
+           "takes brgemm_kslice (a 64-row group x a K slice decoded and multiplied at once) to M 128, brgemm (our "
+           "VNNI tile through oneDNN's brgemm, AMX tiles) below M 1024 and gemm (dequantized tile, oneDNN's GEMM) "
+           "from 1024, else pair (the pair-major vdpbf16ps kernel); pair, brgemm, brgemm_kslice or gemm forces "
+           "one; anything else is an error naming the variable"),
     EnvVar("TERNARY_CPU_POISON", int, "0", "read",
            "1: the CPU ops' output buffers start as NaN (W2A8's int8 ones as -128), so tests see any element a "
            "kernel leaves unwritten"),

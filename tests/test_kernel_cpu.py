@@ -264,10 +264,11 @@ def test_both_regimes_everywhere(small_m_max):
 AMX_FLAGS = cpu_isa.AMX_FLAGS
 HAS_AMX = AMX_FLAGS <= cpu_isa.cpu_flags()
 GEMM_MIN_M_AMX = 1024
+KSLICE_MAX_M = 128  # ternary_cpu.cpp kKSliceMaxM: the K-slice variant of brgemm up to it
 
 
 @needs_kernel_cpu
-@pytest.mark.parametrize("tile", ["pair", "brgemm", "gemm"])
+@pytest.mark.parametrize("tile", ["pair", "brgemm", "brgemm_kslice", "gemm"])
 def test_every_bf16_tile_kernel_everywhere(tile):
     """TERNARY_CPU_BF16_TILE (read once per process) forces one tile kernel for every bf16 case of
     SHAPES, past small M everywhere (TERNARY_CPU_SMALL_M_MAX=0), the output poisoned: on any
@@ -282,19 +283,22 @@ def test_every_bf16_tile_kernel_everywhere(tile):
 
 @needs_kernel_cpu
 def test_bf16_tile_kernel_follows_amx():
-    """The auto rule: small M below 3 rows; then brgemm, and gemm from GEMM_MIN_M_AMX, where the
-    CPU has AMX-BF16 (/proc/cpuinfo: amx_tile, amx_bf16); the pair-major kernel without; none on
-    the AVX2 code (bf16 x runs as fp32 there). TERNARY_CPU_BF16_TILE, where set, overrides it."""
+    """The auto rule: small M below 3 rows; then brgemm's K-slice variant to KSLICE_MAX_M, brgemm
+    past it, and gemm from GEMM_MIN_M_AMX, where the CPU has AMX-BF16 (/proc/cpuinfo: amx_tile,
+    amx_bf16); the pair-major kernel without; none on the AVX2 code (bf16 x runs as fp32 there).
+    TERNARY_CPU_BF16_TILE, where set, overrides it."""
     q = torch.ops.ternary_serve.cpu_bf16_tile_kernel
     forced = os.environ.get("TERNARY_CPU_BF16_TILE", "auto") or "auto"
     assert q(1) == q(2) == ""
-    for m in (3, 16, GEMM_MIN_M_AMX - 1, GEMM_MIN_M_AMX, 4096):
+    for m in (3, 16, KSLICE_MAX_M, KSLICE_MAX_M + 1, GEMM_MIN_M_AMX - 1, GEMM_MIN_M_AMX, 4096):
         if FORCED_ISA == "avx2":
             want = ""
         elif forced != "auto":
             want = forced
+        elif not HAS_AMX:
+            want = "pair"
         else:
-            want = ("gemm" if m >= GEMM_MIN_M_AMX else "brgemm") if HAS_AMX else "pair"
+            want = "gemm" if m >= GEMM_MIN_M_AMX else "brgemm_kslice" if m <= KSLICE_MAX_M else "brgemm"
         assert q(m) == want, (m, q(m), forced, sorted(AMX_FLAGS & cpu_isa.cpu_flags()))
 
 
@@ -317,10 +321,69 @@ print("CHECKED")
     assert proc.returncode == 0 and "CHECKED" in proc.stdout, proc.stderr[-3000:]
 
 
+# The K-slice variant of the brgemm tile (ternary_cpu.cpp brgemm_kslice_tiles) on shapes that cut
+# its slices and groups unevenly: (M, N, K, k_offset, block_size, reason). Each runs with its own
+# slice rule and with forced slices of 64 and 128 columns (cpu_force_bf16_tile), so K slices start
+# inside scale blocks and cut the last one short.
+KSLICE_SHAPES = [
+    (3, 65, 1000, 0, 128, "M 3, N 65: a group of one row; K 1000 not a multiple of 128 or 32"),
+    (17, 130, 1022, 40, 128, "M 17, k_offset 40: slices start inside blocks; K not a multiple of 4"),
+    (33, 200, 257, 5, 128, "M 33: a scale block cuts a pair; K 257"),
+    (127, 100, 2047, 101, 128, "M 127, K 2047, N 100, k_offset 101"),
+    (129, 17, 3001, 3, 64, "M 129: two x chunks (forced); block_size 64"),
+    (301, 70, 515, 7, 33, "M 301 (forced): three x chunks, C of all M; blocks on odd columns"),
+    (9, 40, 250, 0, 2, "block_size 2: a scale block a pair"),
+]
+KSLICE_IDS = [s[-1] for s in KSLICE_SHAPES]
+
+
+def _check_kslice_shapes_here() -> None:
+    """Every KSLICE_SHAPES case (bf16 x, with a bias) on the K-slice kernel, forced by
+    cpu_force_bf16_tile with its own slice rule and with slices of 64 and 128: against the
+    module's references (_check) and bit for bit against the brgemm tile (same bf16 W, same K
+    order of every sum). Run by test_kslice_kernel_on_uneven_shapes with the output poisoned."""
+    force = torch.ops.ternary_serve.cpu_force_bf16_tile
+    try:
+        for m, n, k, k_offset, bs, reason in KSLICE_SHAPES:
+            x, packed, scale, bias, what = _case(m, n, k, k_offset, bs, reason, torch.bfloat16, True)
+            force("brgemm")
+            y_tile = torch.ops.ternary_serve.gemm(x, packed, scale, bias, bs, k_offset)
+            for k_slice in (0, 64, 128):
+                force("brgemm_kslice", k_slice)
+                # (none on the AVX2 code, which runs bf16 x as fp32: the checks still hold)
+                assert torch.ops.ternary_serve.cpu_bf16_tile_kernel(m) == ("" if FORCED_ISA == "avx2" else "brgemm_kslice")
+                _check(x, packed, scale, bias, bs, k_offset, f"{what}, K slice {k_slice or 'auto'}")
+                y = torch.ops.ternary_serve.gemm(x, packed, scale, bias, bs, k_offset)
+                assert torch.equal(y, y_tile), f"{what}, K slice {k_slice or 'auto'}: not the brgemm tile's bits"
+                if k_slice == 0:  # and the prefetch changes nothing
+                    force("brgemm_kslice", 0, False)
+                    assert torch.equal(torch.ops.ternary_serve.gemm(x, packed, scale, bias, bs, k_offset), y_tile)
+    finally:
+        force("")
+
+
+@needs_kernel_cpu
+def test_kslice_kernel_on_uneven_shapes():
+    """The K-slice kernel where K slices, groups and x chunks end unevenly (KSLICE_SHAPES), the
+    output poisoned (TERNARY_CPU_POISON=1: NaN fails the element bound); past small M everywhere."""
+    proc = _run_subprocess(
+        "import tests.test_kernel_cpu as t; t._check_kslice_shapes_here(); print('CHECKED')",
+        TERNARY_CPU_SMALL_M_MAX="0", TERNARY_CPU_POISON="1",
+    )
+    assert proc.returncode == 0 and "CHECKED" in proc.stdout, proc.stderr[-3000:]
+
+
+def test_force_bf16_tile_checks_its_arguments():
+    with pytest.raises(RuntimeError, match="must be"):
+        torch.ops.ternary_serve.cpu_force_bf16_tile("fast")
+    with pytest.raises(RuntimeError, match="multiple of 64"):
+        torch.ops.ternary_serve.cpu_force_bf16_tile("brgemm_kslice", 100)
+
+
 def test_bad_bf16_tile_request_is_named():
     proc = _run_subprocess("import torch, ternary_plugin._C; torch.ops.ternary_serve.cpu_bf16_tile_kernel(16)",
                            TERNARY_CPU_BF16_TILE="fast")
-    assert proc.returncode != 0 and "TERNARY_CPU_BF16_TILE=fast: must be auto, pair, brgemm or gemm" in proc.stderr, (
+    assert proc.returncode != 0 and "TERNARY_CPU_BF16_TILE=fast: must be auto, pair, brgemm, brgemm_kslice or gemm" in proc.stderr, (
         proc.stderr[-2000:])
 
 

@@ -116,18 +116,45 @@ int64_t small_m_max(bool bf16) {
 
 // bf16 x past small M, on AVX-512 (ternary_cpu.cpp's regimes above): "pair" (the pair-major
 // tile and our vdpbf16ps loop), "brgemm" (the VNNI tile and oneDNN's batch-reduce GEMM: AMX tiles
-// where the CPU has AMX-BF16) or "gemm" (the dequantized tile and oneDNN's whole GEMM, which
-// reorders it for AMX itself). Where AMX runs (at::cpu::init_amx: the CPU has it and Linux lets
-// this process use it) and oneDNN is enabled, brgemm from M 3 and gemm from kGemmMinMAmx, else
-// pair; measured on the 2-core Xeon with AMX and the 2-core Zen 4 without: docs/kernel.md (CPU).
-// TERNARY_CPU_BF16_TILE=auto|pair|brgemm|gemm (read once per process) forces one.
+// where the CPU has AMX-BF16), "brgemm_kslice" (its K-slice variant: brgemm_kslice_tiles) or "gemm"
+// (the dequantized tile and oneDNN's whole GEMM, which reorders it for AMX itself). Where AMX runs
+// (at::cpu::init_amx: the CPU has it and Linux lets this process use it) and oneDNN is enabled,
+// brgemm_kslice from M 3 to kKSliceMaxM, brgemm past it and gemm from kGemmMinMAmx, else pair;
+// measured on the 2-core Xeon with AMX and the 2-core Zen 4 without: docs/kernel.md (CPU),
+// benchmarks/results/cpu-kslice.md. TERNARY_CPU_BF16_TILE=auto|pair|brgemm|brgemm_kslice|gemm
+// (read once per process) forces one.
+//
+// The largest M of the K-slice kernel where AMX runs: up to it 1.02-1.2x faster than the brgemm
+// tile on the Qwen3-0.6B layers (1 and 2 threads, M 3-128, weights cold); at M 512 it lost on o
+// (0.80-0.85x), qkv and gate_up (0.94-1.0x) and won only on down (1.02-1.04x); M 192-256 were
+// about even to 1.1x with slices of 512 (benchmarks/results/cpu-kslice.md).
+constexpr int64_t kKSliceMaxM = 128;
+// cpu_force_bf16_tile (benchmarks, tests): a kernel forced for this process, over the env var; "" none.
+std::string& forced_bf16_tile() {
+  static std::string forced;
+  return forced;
+}
+// The K-slice kernel's slice (columns, a multiple of 64), 0: its own rule (kslice_k); the brgemm tile's
+// too, 0: brgemm_k_slice's. cpu_force_bf16_tile sets it.
+int64_t& forced_k_slice() {
+  static int64_t forced = 0;
+  return forced;
+}
+// Whether the K-slice kernel prefetches the next group's codes (cpu_force_bf16_tile: to measure it).
+bool& kslice_prefetch() {
+  static bool on = true;
+  return on;
+}
+
 std::string bf16_tile_kernel(int64_t M) {
-  static const std::string req = env_choice("TERNARY_CPU_BF16_TILE", {"auto", "pair", "brgemm", "gemm"});
+  static const std::string req =
+      env_choice("TERNARY_CPU_BF16_TILE", {"auto", "pair", "brgemm", "brgemm_kslice", "gemm"});
   static const bool amx = at::cpu::init_amx();
+  if (!forced_bf16_tile().empty()) return forced_bf16_tile();
   if (req != "auto") return req;
   // brgemm's VNNI layout needs oneDNN (torch.backends.mkldnn.enabled = False turns it off)
   if (!amx || !at::globalContext().userEnabledMkldnn()) return "pair";
-  return M >= kGemmMinMAmx ? "gemm" : "brgemm";
+  return M >= kGemmMinMAmx ? "gemm" : M <= kKSliceMaxM ? "brgemm_kslice" : "brgemm";
 }
 
 // Error messages as one string (csrc/ternary_check.h says why).
@@ -360,12 +387,13 @@ int64_t brgemm_k_slice(int64_t kc, int64_t elem_bytes) {
 // keeps a call's B (32 KB) near L1 and the chunk's slice of A in L1 / L2 across the panel
 // (docs/kernel.md, "AMX", has the measurements and what else was tried).
 template <typename B, typename C, typename A, typename Decode, typename Store>
-void brgemm_tiles(int64_t M, int64_t N, int64_t kc, const A* a, int64_t tile_bytes, Decode decode, Store store) {
+void brgemm_tiles(int64_t M, int64_t N, int64_t kc, const A* a, int64_t tile_bytes, Decode decode, Store store,
+                  int64_t k_slice = 0) {
   const int64_t threads = at::get_num_threads();
   const int64_t rows = balanced_tile_rows(N, brgemm_tile_rows(kc * static_cast<int64_t>(sizeof(B)), tile_bytes),
                                           threads, kVnniCols);
   const int64_t tiles = (N + rows - 1) / rows;
-  const int64_t ks = brgemm_k_slice(kc, sizeof(A));
+  const int64_t ks = k_slice > 0 ? k_slice : brgemm_k_slice(kc, sizeof(A));  // k_slice: cpu_force_bf16_tile's
   const int64_t panel = std::min(rows, kBrgemmPanelCols);
   at::parallel_for(0, tiles, 1, [&](int64_t t0, int64_t t1) {
     // this thread's B matrices: [rows / kVnniCols, kc / v, kVnniCols, v], v = 4 / sizeof(B) (VNNI:
@@ -387,6 +415,70 @@ void brgemm_tiles(int64_t M, int64_t N, int64_t kc, const A* a, int64_t tile_byt
           store(c, ldc, mt, m0, p0, p1 - p0);
         }
       }
+    }
+    at::native::cpublas::brgemm_release(true);
+  });
+}
+
+// The K-slice kernel's slice for M rows of x: the slice of A all of M reads (M x slice bf16)
+// about kKSliceABytes, at least kKSliceMin and at most kKSliceMax columns, K in near-equal slices
+// of a multiple of 64. Small M wants long slices: a brgemm call and a decode call each have a
+// fixed cost, and at M 16-32 slices of 256 (the 32 KB a group that L1 holds) ran 0.86-0.98x the
+// brgemm tile, those of 1024-2048 1.08-1.22x; at M 128, 512 beat 1024 by 2-5 % (Qwen3-0.6B layers,
+// benchmarks/results/cpu-kslice.md).
+constexpr int64_t kKSliceABytes = 128 * 1024, kKSliceMin = 256, kKSliceMax = 2048;
+int64_t kslice_k(int64_t M, int64_t kc) {
+  const int64_t want = std::clamp<int64_t>(kKSliceABytes / (2 * M) / 64 * 64, kKSliceMin, kKSliceMax);
+  if (kc <= want) return kc;
+  const int64_t slices = (kc + want - 1) / want;
+  return (kc / slices + 63) / 64 * 64;
+}
+
+// The K-slice variant of brgemm_tiles (bf16 x; TERNARY_CPU_BF16_TILE=brgemm_kslice): instead of a
+// tile of W rows x all of K decoded at once and then multiplied, one group (kVnniCols rows) x one
+// K slice (kslice_k) at a time is decoded into a small buffer and multiplied at once by every x
+// row, add_C into the panel's fp32 C [M, ldc], which holds all of M; the next group's codes are
+// prefetched while the brgemm runs:
+//
+//   for panel (<= kBrgemmPanelCols rows): for slice: for group in panel:
+//       decode B[group][slice]; prefetch the next; for chunk (128 x rows): C[chunk, group] (+)= x[chunk, slice] . B
+//   store(C)
+//
+// Every W element decoded once, as the tile's; the bf16 W values and each C element's K order
+// are the tile kernel's (slices of the same K; add_C reloads the fp32 sums), so the outputs are
+// bit for bit the tile's (tests/test_kernel_cpu.py checks). Issue #23 proposed it to keep the
+// decoded W in L1 (slices of 256: 32 KB a group); measured, that alone did not win (0.86-0.98x the
+// tile at M 16-32, 0.95-1.07x at M 64-128, 0.80-1.04x at 512): what wins at small M is the long
+// slices kslice_k gives there, fewer brgemm and decode calls, and the prefetch
+// (benchmarks/results/cpu-kslice.md).
+template <typename Decode, typename Prefetch, typename Store>
+void brgemm_kslice_tiles(int64_t M, int64_t N, int64_t kc, const at::BFloat16* a, Decode decode, Prefetch prefetch,
+                         Store store) {
+  const int64_t threads = at::get_num_threads();
+  const int64_t rows = balanced_tile_rows(N, kBrgemmPanelCols, threads, kVnniCols);
+  const int64_t tiles = (N + rows - 1) / rows;
+  const int64_t ks = forced_k_slice() > 0 ? forced_k_slice() : kslice_k(M, kc);
+  at::parallel_for(0, tiles, 1, [&](int64_t t0, int64_t t1) {
+    at::BFloat16* buf = scratch<at::BFloat16>(kSlotTile, kVnniCols * ks);  // [ks / 2, kVnniCols, 2]
+    float* c = scratch<float>(kSlotC, M * rows);                             // [M, ldc <= rows]
+    for (int64_t t = t0; t < t1; ++t) {
+      const int64_t n0 = t * rows, n1 = std::min(N, n0 + rows);
+      const int64_t ldc = (n1 - n0 + kVnniCols - 1) / kVnniCols * kVnniCols;
+      for (int64_t k0 = 0; k0 < kc; k0 += ks) {
+        const int64_t kk = std::min(ks, kc - k0);
+        for (int64_t n = n0; n < n1; n += kVnniCols) {
+          decode(n, std::min(n1, n + kVnniCols), k0, k0 + kk, buf);
+          // the next group's codes of this slice (or the first group's of the next) into L1 while
+          // the brgemm runs: the decode's gathers wait on them otherwise
+          if (n + kVnniCols < n1) prefetch(n + kVnniCols, std::min(n1, n + 2 * kVnniCols), k0, k0 + kk);
+          else if (k0 + ks < kc) prefetch(n0, std::min(n1, n0 + kVnniCols), k0 + ks, std::min(kc, k0 + 2 * ks));
+          for (int64_t m0 = 0; m0 < M; m0 += kBrgemmRows)
+            at::native::cpublas::brgemm(std::min(kBrgemmRows, M - m0), kVnniCols, kk, kc, kVnniCols, ldc, k0 > 0,
+                                        a + m0 * kc + k0, buf, c + m0 * ldc + (n - n0), true);
+        }
+      }
+      for (int64_t m0 = 0; m0 < M; m0 += kBrgemmRows)
+        store(c + m0 * ldc, ldc, std::min(kBrgemmRows, M - m0), m0, n0, n1 - n0);
     }
     at::native::cpublas::brgemm_release(true);
   });
@@ -432,7 +524,8 @@ torch::Tensor gemm_cpu(const torch::Tensor& x,                  // [M, K] fp32 /
   // the segmentation of K: what the small-M kernels and the dequantizing tiles read (the VNNI and
   // pair-major tiles have their own plans)
   const bool pair = tile_kernel == "pair" && k_offset % 2 == 0 && block_size % 2 == 0;
-  const Plan plan = small || (tile_kernel != "brgemm" && !pair) ? make_plan(K, block_size, k_offset) : Plan();
+  const bool vnni = tile_kernel == "brgemm" || tile_kernel == "brgemm_kslice";
+  const Plan plan = small || (!vnni && !pair) ? make_plan(K, block_size, k_offset) : Plan();
   const Problem p{M,
                   N,
                   K,
@@ -462,6 +555,30 @@ torch::Tensor gemm_cpu(const torch::Tensor& x,                  // [M, K] fp32 /
     return y;
   }
 
+  if (tile_kernel == "brgemm_kslice") {
+    const auto xin = x_as(x, kc, at::kBFloat16);  // [M, kc]: the brgemm's A (lda kc)
+    const VnniPlan& vplan = vnni_plan(K, kc, block_size, k_offset);
+    auto* yb = reinterpret_cast<uint16_t*>(y.data_ptr<at::BFloat16>());
+    const bool stream = M * N * 2 >= kBrgemmStreamYBytes;
+    brgemm_kslice_tiles(
+        M, N, kc, xin.data_ptr<at::BFloat16>(),
+        [&](int64_t n0, int64_t n1, int64_t k0, int64_t k1, at::BFloat16* buf) {
+          vnni_rows_bf16(p, vplan, kc, n0, n1, reinterpret_cast<uint16_t*>(buf), k0, k1);
+        },
+        [&](int64_t n0, int64_t n1, int64_t k0, int64_t k1) {
+          if (!kslice_prefetch()) return;
+          const int64_t b0 = k0 / 4, b1 = std::min(ldp, (k1 + 3) / 4);  // the rows' bytes [b0, b1)
+          for (int64_t n = n0; n < n1; ++n) {
+            const char* row = reinterpret_cast<const char*>(p.row(n));
+            for (int64_t b = b0 & ~int64_t{63}; b < b1; b += 64) asm volatile("prefetcht0 %0" : : "m"(row[b]));
+          }
+        },
+        [&](const float* c, int64_t ldc, int64_t mt, int64_t m0, int64_t n, int64_t cols) {
+          store_rows_bf16(c, ldc, mt, cols, p.bias ? p.bias + n : nullptr, yb + m0 * N + n, N, stream);
+        });
+    return y;
+  }
+
   if (tile_kernel == "brgemm") {
     const auto xin = x_as(x, kc, at::kBFloat16);  // [M, kc]: the brgemm's A (lda kc)
     const VnniPlan& vplan = vnni_plan(K, kc, block_size, k_offset);
@@ -475,7 +592,8 @@ torch::Tensor gemm_cpu(const torch::Tensor& x,                  // [M, K] fp32 /
         },
         [&](const float* c, int64_t ldc, int64_t mt, int64_t m0, int64_t n, int64_t cols) {
           store_rows_bf16(c, ldc, mt, cols, p.bias ? p.bias + n : nullptr, yb + m0 * N + n, N, stream);
-        });
+        },
+        forced_k_slice());
     return y;
   }
 
@@ -816,8 +934,20 @@ TORCH_LIBRARY_FRAGMENT(ternary_serve, m) {
   m.def("cpu_kernel_isa() -> str", [] { return ternary_cpu::kernel_isa(); });
   // "avx512_vnni" or "avx2": the code of the W2A8 kernel (gemm_w2a8, quantize_int8) this CPU runs, "" none
   m.def("cpu_w2a8_isa() -> str", [] { return ternary_cpu::w2a8_isa(); });
-  // The tile kernel bf16 x of M rows takes: "pair", "brgemm" or "gemm"; "" where none (bf16_tile)
+  // The tile kernel bf16 x of M rows takes: "pair", "brgemm", "brgemm_kslice" or "gemm"; "" where none (bf16_tile)
   m.def("cpu_bf16_tile_kernel(int M) -> str", [](int64_t M) { return ternary_cpu::bf16_tile(M); });
+  // Benchmarks and tests: force a bf16 tile kernel for this process over TERNARY_CPU_BF16_TILE
+  // ("" undoes it), and the K-slice kernel's slice (columns, a multiple of 64; 0 its default)
+  m.def("cpu_force_bf16_tile(str kernel, int k_slice=0, bool prefetch=True) -> ()",
+        [](const std::string& kernel, int64_t k_slice, bool prefetch) {
+    TORCH_CHECK(kernel.empty() || kernel == "pair" || kernel == "brgemm" || kernel == "brgemm_kslice" ||
+                    kernel == "gemm",
+                "cpu_force_bf16_tile: ", kernel, ": must be \"\", pair, brgemm, brgemm_kslice or gemm");
+    TORCH_CHECK(k_slice >= 0 && k_slice % 64 == 0, "cpu_force_bf16_tile: k_slice must be a multiple of 64");
+    ternary_cpu::forced_bf16_tile() = kernel;
+    ternary_cpu::forced_k_slice() = k_slice;
+    ternary_cpu::kslice_prefetch() = prefetch;
+  });
   // The W2A8 kernel x of M rows takes: "amx" (block scales folded), "avx512_vnni" or "avx2" (exact);
   // "" none (w2a8_kernel)
   m.def("cpu_w2a8_kernel(int M) -> str", [](int64_t M) { return ternary_cpu::w2a8_kernel(M); });

@@ -197,8 +197,10 @@ void pair_rows_bf16(const Problem& p, const PairPlan& plan, const uint16_t* xb, 
 // Past small M, bf16 x, for oneDNN's batch-reduce GEMM (at::native::cpublas::brgemm: AMX tiles
 // where the CPU has AMX-BF16): W rows [n0, n1) as the VNNI B matrices of kVnniCols rows each,
 // [ceil(rows / kVnniCols), kc / 2, kVnniCols, 2] bf16, value(code) * scale rounded to bf16 (as
-// dequantize_rows_bf16), zero past K and past the last row.
-void vnni_rows_bf16(const Problem& p, const VnniPlan& plan, int64_t kc, int64_t n0, int64_t n1, uint16_t* tile);
+// dequantize_rows_bf16), zero past K and past the last row. With a K range [k0, k1) (multiples of
+// kChunk, k1 -1: kc) only those columns: tile [ceil(rows / kVnniCols), (k1 - k0) / 2, kVnniCols, 2].
+void vnni_rows_bf16(const Problem& p, const VnniPlan& plan, int64_t kc, int64_t n0, int64_t n1, uint16_t* tile,
+                    int64_t k0 = 0, int64_t k1 = -1);
 // y[i, j] = bf16(c[i, j] + bias[j]) (rounded to nearest even) for i < rows, j < cols; `stream`:
 // streaming (non-temporal) stores where a store is whole and aligned, for a y past the caches.
 //   c: [rows, ldc] fp32; bias: [cols] fp32 or nullptr; y: [rows, ldy] bf16 bits

@@ -499,17 +499,26 @@ TERNARY_AVX512 void pair_rows_bf16(const Problem& p, const PairPlan& plan, const
 }
 
 TERNARY_AVX512 void vnni_rows_bf16(const Problem& p, const VnniPlan& plan, int64_t kc, int64_t n0, int64_t n1,
-                                   uint16_t* tile) {
-  const int64_t pairs = kc / 2, rows = n1 - n0, groups = (rows + kVnniCols - 1) / kVnniCols, S = plan.S;
+                                   uint16_t* tile, int64_t k0, int64_t k1) {
+  if (k1 < 0) k1 = kc;
+  const int64_t pairs = (k1 - k0) / 2, rows = n1 - n0, groups = (rows + kVnniCols - 1) / kVnniCols, S = plan.S;
+  const int64_t qbase = k0 / 2;
   constexpr int kHalves = kVnniCols / 16;
-  const std::vector<uint8_t> zero_row(kc / 4 + 8, 0);
+  // the scale blocks columns [k0, k1) touch (S: past K): only those are converted (a K slice's
+  // call converts its own few, not all S of every row)
+  const int64_t bmin = plan.b0[qbase], bmax = plan.b1[k1 / 2 - 1];
+  // this thread's zeros for the missing rows of the last group, and its scale vectors: kept
+  // between calls (the K-slice kernel calls this once a group and slice)
+  thread_local std::vector<uint8_t> zero_row;
+  if (static_cast<int64_t>(zero_row.size()) < kc / 4 + 8) zero_row.assign(kc / 4 + 8, 0);
   // The decoded word is 0x7FFF (+1), 0xFFFF (-1) or 0; with the scale's bf16 bits s and c =
   // 0x8000, vpternlogd 0x68 gives bits 0-14 of s where the code is not 0 and bit 15 = s's sign
   // xor the code's: +s, -s, or +-0 (x times a signed zero adds nothing).
   const __m512i table = table_w16(0x7FFF, 0xFFFF), sign = _mm512_set1_epi16(static_cast<short>(0x8000));
   // sv[(h * (S + 1) + b) * 16 + r]: the bf16 scale of block b of the group's row 16h + r in both
   // words; zero for the missing rows of the last group and for b = S (the columns past K)
-  std::vector<uint32_t> sv(kHalves * (S + 1) * 16);
+  thread_local std::vector<uint32_t> sv;
+  if (static_cast<int64_t>(sv.size()) < kHalves * (S + 1) * 16) sv.resize(kHalves * (S + 1) * 16);
   for (int64_t g = 0; g < groups; ++g) {
     // the 16 rows' addresses of each half, gathered 8 bytes a row a chunk (vpgatherqq: no
     // per-row inserts on the shuffle port the decode needs)
@@ -518,13 +527,13 @@ TERNARY_AVX512 void vnni_rows_bf16(const Problem& p, const VnniPlan& plan, int64
       for (int r = 0; r < 16; ++r) {
         const int64_t row = kVnniCols * g + 16 * h + r;
         src[h][r] = row < rows ? p.row(n0 + row) : zero_row.data();
-        for (int64_t b = 0; b <= S; ++b) {
+        for (int64_t b = bmin; b <= bmax; ++b) {
           const uint32_t v = row < rows && b < S ? bf16_round(half_to_float(p.scale[(n0 + row) * p.lds + b])) : 0u;
           sv[(h * (S + 1) + b) * 16 + r] = v | v << 16;
         }
       }
-    uint16_t* out = tile + g * pairs * 2 * kVnniCols;  // [pairs, kVnniCols, 2]
-    for (int64_t c = 0; c < kc / kChunk; ++c) {
+    uint16_t* out = tile + g * pairs * 2 * kVnniCols;  // [pairs, kVnniCols, 2]: pair q of K at q - qbase
+    for (int64_t c = k0 / kChunk; c < k1 / kChunk; ++c) {
       // the chunk's 32 columns in one scale block (or all past K): one scale vector for all pairs
       const int64_t q0 = 16 * c, b = plan.b0[q0];
       const bool uniform = plan.b1[q0 + 15] == b;
@@ -536,14 +545,14 @@ TERNARY_AVX512 void vnni_rows_bf16(const Problem& p, const VnniPlan& plan, int64
         if (uniform) {
           const __m512i s = _mm512_loadu_si512(svh + b * 16);
           decode_pairs16(a, bb, table, [&](int j, __m512i v) TERNARY_AVX512 {
-            _mm512_store_si512(out + (q0 + j) * 2 * kVnniCols + 32 * h, _mm512_ternarylogic_epi32(v, s, sign, 0x68));
+            _mm512_store_si512(out + (q0 + j - qbase) * 2 * kVnniCols + 32 * h, _mm512_ternarylogic_epi32(v, s, sign, 0x68));
           });
         } else {
           decode_pairs16(a, bb, table, [&](int j, __m512i v) TERNARY_AVX512 {
             const int64_t q = q0 + j, b0 = plan.b0[q], b1 = plan.b1[q];
             __m512i s = _mm512_loadu_si512(svh + b0 * 16);
             if (b1 != b0) s = _mm512_mask_blend_epi16(0xAAAAAAAAu, s, _mm512_loadu_si512(svh + b1 * 16));  // column 2q + 1
-            _mm512_store_si512(out + q * 2 * kVnniCols + 32 * h, _mm512_ternarylogic_epi32(v, s, sign, 0x68));
+            _mm512_store_si512(out + (q - qbase) * 2 * kVnniCols + 32 * h, _mm512_ternarylogic_epi32(v, s, sign, 0x68));
           });
         }
       }
