@@ -69,19 +69,24 @@ def machine() -> dict:
 
 def time_interleaved(fns: dict, n_copies: int, min_seconds: float, min_reps: int) -> dict:
     """{name: (median, fastest) ms} of each fn(i), the variants called in turn, call by call,
-    cycling through weight copies i, after a warm-up pass. In turn, because the machine may be
-    shared: whatever slows one round slows every variant in it. The fastest is kept because a
-    2-thread call waits whenever another process holds the other core (seen on the shared
-    2-core machine: 8-12 ms stalls of 0.1 ms calls, torch's and the kernel's alike)."""
+    after a warm-up pass, cycling through weight copies i (each variant its own copies: no
+    variant finds the weights the one before it just read). In turn, because the machine may be
+    shared: whatever slows one round slows every variant in it; each round starts one variant
+    later, so none always follows the same one. (Until 2026-12-06 the ternary variants shared
+    their copies and ran in a fixed order, which favoured each one after the first: up to 13 % at
+    M 512, benchmarks/results/cpu-kslice.md.) The fastest is kept because a 2-thread call waits whenever another process holds the other
+    core (seen on the shared 2-core machine: 8-12 ms stalls of 0.1 ms calls, torch's and the
+    kernel's alike)."""
+    names = list(fns)
     for i in range(min(n_copies, 3)):
         for fn in fns.values():
             fn(i)
     times = {name: [] for name in fns}
     start, i = time.perf_counter(), 0
     while i < min_reps or time.perf_counter() - start < min_seconds * len(fns):
-        for name, fn in fns.items():
+        for name in names[i % len(names):] + names[:i % len(names)]:
             t0 = time.perf_counter()
-            fn(i % n_copies)
+            fns[name](i % n_copies)
             times[name].append(time.perf_counter() - t0)
         i += 1
         if i >= 2000:
@@ -117,8 +122,9 @@ def bench_layer(model, layer, k, n, ms, threads, min_seconds, min_reps, w2a8=Tru
     packed, scale = fmt.quantize_ternary(torch.randn(n, k, generator=g))
     w32 = fmt.dequantize_ternary(packed, scale, k)  # [N, K] fp32
     # copies: distinct storage, same values (the timing does not depend on the values)
-    packs = [packed.clone() for _ in range(copies)]
-    scales = [scale.clone() for _ in range(copies)]
+    # each ternary variant its own copies of the packed weights and scales (time_interleaved)
+    weights_of = {f"{op}_{name}": ([packed.clone() for _ in range(copies)], [scale.clone() for _ in range(copies)])
+           for op in ("tern", "w2a8") for name in ("bf16", "fp32")}
     w_bf16 = [w32.to(torch.bfloat16) for _ in range(copies)]
     w_fp32 = [w32.clone() for _ in range(copies)]
     vl = vllm_cpu_layers(w_bf16) if vllm else None
@@ -147,11 +153,10 @@ def bench_layer(model, layer, k, n, ms, threads, min_seconds, min_reps, w2a8=Tru
                 "bf16": lambda i: x["bf16"] @ w_bf16[i].t(),
                 "fp32": lambda i: x["fp32"] @ w_fp32[i].t(),
                 **({"vllm_bf16": lambda i: vl[i].cpu_linear(x["bf16"], vl[i].weight, None)} if vl else {}),
-                **{f"tern_{name}": (lambda i, xd=xd: torch.ops.ternary_serve.gemm(xd, packs[i], scales[i], None, 128, 0))
-                   for name, xd in x.items()},
-                **{f"w2a8_{name}": (lambda i, xd=xd: torch.ops.ternary_serve.gemm_w2a8(xd, packs[i], scales[i], None,
-                                                                                        128, 0))
-                   for name, xd in (x.items() if w2a8 else ())},
+                **{f"tern_{name}": (lambda i, xd=xd, w=weights_of[f"tern_{name}"]: torch.ops.ternary_serve.gemm(
+                    xd, w[0][i], w[1][i], None, 128, 0)) for name, xd in x.items()},
+                **{f"w2a8_{name}": (lambda i, xd=xd, w=weights_of[f"w2a8_{name}"]: torch.ops.ternary_serve.gemm_w2a8(
+                    xd, w[0][i], w[1][i], None, 128, 0)) for name, xd in (x.items() if w2a8 else ())},
             }, copies, min_seconds, min_reps)
             bf16_ms, fp32_ms = ms_["bf16"], ms_["fp32"]
             for name in x:

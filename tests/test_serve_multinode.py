@@ -273,14 +273,18 @@ def test_a_killed_worker_gets_503_while_the_other_replica_serves(cluster):
 
 def test_a_node_killed_mid_job_gives_exit_2_naming_the_node(cluster, tmp_path):
     """Last (it takes the worker node away): the worker node's replica is made to answer its shard
-    reports 60 s late, the job is started, and while it waits on that replica the node's raylet and
-    workers are killed; the job ends with 2, naming the node, within its bound (never a hang).
-    (Without the delay the job could finish before the kill: seen once in CI.)"""
+    reports 60 s late, the job is started, and once it has asked that replica (its workers create a
+    marker file before the delay) the node's raylet and workers are killed; the job ends with 2,
+    naming the node, within its bound (never a hang). Without the delay the job could finish before
+    the kill (seen once in CI); with a fixed 3 s before the kill instead of the marker, a loaded CI
+    machine killed the node before the job had listed the replicas, and the job passed on the one
+    left (seen once)."""
     where = nodes()
+    asked = tmp_path / "asked"
     slowed = driver(
         "h = serve.get_deployment_handle('TernaryLLMServer:minilm-ternary', 'ternary-embeddings')\n"
         "for _ in range(50):\n"
-        f"    r = h.ternary_slow_reports.remote(60.0, {where['worker']!r}).result(timeout_s=60)\n"
+        f"    r = h.ternary_slow_reports.remote(60.0, {where['worker']!r}, {str(asked)!r}).result(timeout_s=60)\n"
         "    if r['applied']:\n"
         "        break\n"
         "print(json.dumps(r))")
@@ -289,8 +293,11 @@ def test_a_node_killed_mid_job_gives_exit_2_naming_the_node(cluster, tmp_path):
     job = subprocess.Popen([sys.executable, "-m", "ternary_plugin.cli", "reconcile", "--address", ADDRESS,
                             "--timeout", "30", "--json", str(report)], cwd=REPO, stdout=subprocess.PIPE,
                            stderr=subprocess.PIPE, text=True)
-    time.sleep(3)  # the job connects, lists the replicas and waits on the worker node's
+    deadline = time.time() + 120  # the job connects, lists the replicas and asks each for its report
+    while not asked.exists() and job.poll() is None and time.time() < deadline:
+        time.sleep(0.2)
     assert job.poll() is None, "the job ended before the node was taken away"
+    assert asked.exists(), "the job did not ask the worker node's replica for its report within 120 s"
     # The whole node at once: its raylet and every process under it (the replica's worker, its
     # vLLM engine and workers), as a machine that loses power; a raylet killed alone leaves its
     # workers answering for seconds.

@@ -9,6 +9,7 @@ root on its PYTHONPATH (tests/serve_helpers.py starts it so).
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import torch
 
@@ -23,14 +24,19 @@ FAULT_KINDS = ("flip", "shift")
 
 class FaultInjectingWorkerExtension(TernaryWorkerExtension):
     _report_delay_s = 0.0
+    _report_marker: str | None = None
 
-    def ternary_slow_reports(self, seconds: float) -> bool:
+    def ternary_slow_reports(self, seconds: float, marker: str | None = None) -> bool:
         """Make this worker's shard reports take ``seconds`` longer (a node that answers late), so
-        a test can take the node away while a reconciliation job is waiting on it."""
-        self._report_delay_s = float(seconds)
+        a test can take the node away while a reconciliation job is waiting on it; ``marker``: a
+        file created when a report is asked for, before the wait (the test waits for it: then
+        the job is waiting on this node)."""
+        self._report_delay_s, self._report_marker = float(seconds), marker
         return True
 
     def ternary_report(self) -> dict:
+        if self._report_marker:
+            Path(self._report_marker).touch()
         time.sleep(self._report_delay_s)
         return super().ternary_report()
 
@@ -68,12 +74,12 @@ class FaultInjectingServer(TernaryLLMServer):
             applied = next((n for n in names if n), None)
         return {"replica": serve.get_replica_context().replica_id.unique_id, "node_id": here, "layer": applied}
 
-    async def ternary_slow_reports(self, seconds: float, node_id: str) -> dict:
+    async def ternary_slow_reports(self, seconds: float, node_id: str, marker: str | None = None) -> dict:
         """ternary_slow_reports on every rank of this replica, if it runs on ``node_id``; callers
         repeat until the replica on that node applied it (as ternary_inject_fault)."""
         import ray
 
         here = ray.get_runtime_context().get_node_id()
         applied = here == node_id and all(await compat.engine_client(self).collective_rpc("ternary_slow_reports",
-                                                                                           args=(seconds,)))
+                                                                                           args=(seconds, marker)))
         return {"node_id": here, "applied": applied}
