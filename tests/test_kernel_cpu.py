@@ -334,7 +334,6 @@ KSLICE_SHAPES = [
     (301, 70, 515, 7, 33, "M 301 (forced): three x chunks, C of all M; blocks on odd columns"),
     (9, 40, 250, 0, 2, "block_size 2: a scale block a pair"),
 ]
-KSLICE_IDS = [s[-1] for s in KSLICE_SHAPES]
 
 
 def _check_kslice_shapes_here() -> None:

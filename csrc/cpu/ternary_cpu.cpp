@@ -555,45 +555,38 @@ torch::Tensor gemm_cpu(const torch::Tensor& x,                  // [M, K] fp32 /
     return y;
   }
 
-  if (tile_kernel == "brgemm_kslice") {
-    const auto xin = x_as(x, kc, at::kBFloat16);  // [M, kc]: the brgemm's A (lda kc)
-    const VnniPlan& vplan = vnni_plan(K, kc, block_size, k_offset);
-    auto* yb = reinterpret_cast<uint16_t*>(y.data_ptr<at::BFloat16>());
-    const bool stream = M * N * 2 >= kBrgemmStreamYBytes;
-    brgemm_kslice_tiles(
-        M, N, kc, xin.data_ptr<at::BFloat16>(),
-        [&](int64_t n0, int64_t n1, int64_t k0, int64_t k1, at::BFloat16* buf) {
-          vnni_rows_bf16(p, vplan, kc, n0, n1, reinterpret_cast<uint16_t*>(buf), k0, k1);
-        },
-        [&](int64_t n0, int64_t n1, int64_t k0, int64_t k1) {
-          if (!kslice_prefetch()) return;
-          const int64_t b0 = k0 / 4, b1 = std::min(ldp, (k1 + 3) / 4);  // the rows' bytes [b0, b1)
-          for (int64_t n = n0; n < n1; ++n) {
-            const char* row = reinterpret_cast<const char*>(p.row(n));
-            for (int64_t b = b0 & ~int64_t{63}; b < b1; b += 64) asm volatile("prefetcht0 %0" : : "m"(row[b]));
-          }
-        },
-        [&](const float* c, int64_t ldc, int64_t mt, int64_t m0, int64_t n, int64_t cols) {
-          store_rows_bf16(c, ldc, mt, cols, p.bias ? p.bias + n : nullptr, yb + m0 * N + n, N, stream);
-        });
-    return y;
-  }
-
-  if (tile_kernel == "brgemm") {
+  if (vnni) {  // brgemm's VNNI tiles: the whole tile at once, or its K-slice variant
     const auto xin = x_as(x, kc, at::kBFloat16);  // [M, kc]: the brgemm's A (lda kc)
     const VnniPlan& vplan = vnni_plan(K, kc, block_size, k_offset);
     auto* yb = reinterpret_cast<uint16_t*>(y.data_ptr<at::BFloat16>());
     // y past the caches is written with streaming stores (kBrgemmStreamYBytes)
     const bool stream = M * N * 2 >= kBrgemmStreamYBytes;
-    brgemm_tiles<at::BFloat16, float>(
-        M, N, kc, xin.data_ptr<at::BFloat16>(), kBrgemmTileBytes,
-        [&](int64_t n0, int64_t n1, at::BFloat16* tile) {
-          vnni_rows_bf16(p, vplan, kc, n0, n1, reinterpret_cast<uint16_t*>(tile));
-        },
-        [&](const float* c, int64_t ldc, int64_t mt, int64_t m0, int64_t n, int64_t cols) {
-          store_rows_bf16(c, ldc, mt, cols, p.bias ? p.bias + n : nullptr, yb + m0 * N + n, N, stream);
-        },
-        forced_k_slice());
+    const auto store = [&](const float* c, int64_t ldc, int64_t mt, int64_t m0, int64_t n, int64_t cols) {
+      store_rows_bf16(c, ldc, mt, cols, p.bias ? p.bias + n : nullptr, yb + m0 * N + n, N, stream);
+    };
+    if (tile_kernel == "brgemm_kslice") {
+      brgemm_kslice_tiles(
+          M, N, kc, xin.data_ptr<at::BFloat16>(),
+          [&](int64_t n0, int64_t n1, int64_t k0, int64_t k1, at::BFloat16* buf) {
+            vnni_rows_bf16(p, vplan, kc, n0, n1, reinterpret_cast<uint16_t*>(buf), k0, k1);
+          },
+          [&](int64_t n0, int64_t n1, int64_t k0, int64_t k1) {
+            if (!kslice_prefetch()) return;
+            const int64_t b0 = k0 / 4, b1 = std::min(ldp, (k1 + 3) / 4);  // the rows' bytes [b0, b1)
+            for (int64_t n = n0; n < n1; ++n) {
+              const char* row = reinterpret_cast<const char*>(p.row(n));
+              for (int64_t b = b0 & ~int64_t{63}; b < b1; b += 64) asm volatile("prefetcht0 %0" : : "m"(row[b]));
+            }
+          },
+          store);
+    } else {
+      brgemm_tiles<at::BFloat16, float>(
+          M, N, kc, xin.data_ptr<at::BFloat16>(), kBrgemmTileBytes,
+          [&](int64_t n0, int64_t n1, at::BFloat16* tile) {
+            vnni_rows_bf16(p, vplan, kc, n0, n1, reinterpret_cast<uint16_t*>(tile));
+          },
+          store, forced_k_slice());
+    }
     return y;
   }
 
