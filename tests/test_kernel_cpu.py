@@ -285,13 +285,14 @@ def test_every_bf16_tile_kernel_everywhere(tile):
 def test_bf16_tile_kernel_follows_amx():
     """The auto rule: small M below 3 rows; then brgemm's K-slice variant to KSLICE_MAX_M, brgemm
     past it, and gemm from GEMM_MIN_M_AMX, where the CPU has AMX-BF16 (/proc/cpuinfo: amx_tile,
-    amx_bf16); the pair-major kernel without; none on the AVX2 code (bf16 x runs as fp32 there).
+    amx_bf16); the pair-major kernel without; none where the AVX2 code runs (TERNARY_CPU_ISA=avx2
+    or a CPU without AVX-512: bf16 x runs as fp32 there).
     TERNARY_CPU_BF16_TILE, where set, overrides it."""
     q = torch.ops.ternary_serve.cpu_bf16_tile_kernel
     forced = os.environ.get("TERNARY_CPU_BF16_TILE", "auto") or "auto"
     assert q(1) == q(2) == ""
     for m in (3, 16, KSLICE_MAX_M, KSLICE_MAX_M + 1, GEMM_MIN_M_AMX - 1, GEMM_MIN_M_AMX, 4096):
-        if FORCED_ISA == "avx2":
+        if EXPECTED_ISA == "avx2":
             want = ""
         elif forced != "auto":
             want = forced
@@ -311,7 +312,7 @@ def test_oneDNN_disabled_takes_the_pair_kernel():
 import os, torch
 torch.backends.mkldnn.enabled = False
 import tests.test_kernel_cpu as t
-want = "" if t.FORCED_ISA == "avx2" else os.environ.get("TERNARY_CPU_BF16_TILE") or "pair"
+want = "" if t.EXPECTED_ISA == "avx2" else os.environ.get("TERNARY_CPU_BF16_TILE") or "pair"
 assert torch.ops.ternary_serve.cpu_bf16_tile_kernel(16) == want, torch.ops.ternary_serve.cpu_bf16_tile_kernel(16)
 x, packed, scale, bias, what = t._case(16, 130, 1000, 0, 128, "oneDNN off", torch.bfloat16, True)
 t._check(x, packed, scale, bias, 128, 0, what)
@@ -350,7 +351,8 @@ def _check_kslice_shapes_here() -> None:
             for k_slice in (0, 64, 128):
                 force("brgemm_kslice", k_slice)
                 # (none on the AVX2 code, which runs bf16 x as fp32: the checks still hold)
-                assert torch.ops.ternary_serve.cpu_bf16_tile_kernel(m) == ("" if FORCED_ISA == "avx2" else "brgemm_kslice")
+                want = "" if EXPECTED_ISA == "avx2" else "brgemm_kslice"
+                assert torch.ops.ternary_serve.cpu_bf16_tile_kernel(m) == want
                 _check(x, packed, scale, bias, bs, k_offset, f"{what}, K slice {k_slice or 'auto'}")
                 y = torch.ops.ternary_serve.gemm(x, packed, scale, bias, bs, k_offset)
                 assert torch.equal(y, y_tile), f"{what}, K slice {k_slice or 'auto'}: not the brgemm tile's bits"
