@@ -217,6 +217,10 @@ torch::Tensor gemm_w2a8_path(const torch::Tensor& x,       // [M, K] bf16/fp16
                  k_offset >= 0 && k_offset < block_size,
              "the s8 kernel needs block_size and k_offset multiples of ", ternary::kS8StepK,
              " with 0 <= k_offset < block_size, got ", block_size, " and ", k_offset);
+  CHECK_W2A8(block_size <= ternary::kS8MaxBlockSize && k_offset + K <= ternary::kS8MaxKEnd,
+             "the s8 kernel counts 128-weight steps in 16 bits: block_size <= ", ternary::kS8MaxBlockSize,
+             " and k_offset + K <= ", ternary::kS8MaxKEnd, ", got block_size ", block_size, ", k_offset + K ",
+             k_offset + K);
   CHECK_W2A8(scale.size(0) == N, "scale has ", scale.size(0), " rows, packed has ", N);
   CHECK_W2A8(ldp >= (K + 3) / 4, "packed has ", ldp, " bytes per row, needs ceil(K/4) = ", (K + 3) / 4, " for K=", K);
   CHECK_W2A8(ldp % 16 == 0 && reinterpret_cast<uintptr_t>(packed.data_ptr()) % 16 == 0,
@@ -247,13 +251,15 @@ torch::Tensor gemm_w2a8_path(const torch::Tensor& x,       // [M, K] bf16/fp16
   }
   cudaStream_t stream = at::cuda::getCurrentCUDAStream();
   const bool bf16 = x.scalar_type() == at::kBFloat16;
+  // a strided bias's copy is made before the quantize kernel: a kernel between it and the GEMM
+  // would stand in the way of the GEMM's programmatic dependent launch
+  const torch::Tensor b = bias ? bias->contiguous() : torch::Tensor();
   auto xq = torch::empty({M, Kp}, x.options().dtype(at::kChar));
   auto sx = torch::empty({M}, x.options().dtype(at::kFloat));
   check_cuda_error(ternary::launch_quantize_s8(bf16, x.data_ptr(), xq.data_ptr<int8_t>(), sx.data_ptr<float>(), M, K,
                                                Kp, true, stream),
                    "quantize_s8_kernel launch", M, N, K);
   auto y = torch::empty({M, N}, x.options());
-  const torch::Tensor b = bias ? bias->contiguous() : torch::Tensor();
   check_cuda_error(ternary::launch_wgmma_s8(bf16, xq.data_ptr<int8_t>(), sx.data_ptr<float>(),
                                             packed.data_ptr<uint8_t>(),
                                             reinterpret_cast<const __half*>(scale.data_ptr<at::Half>()),

@@ -293,9 +293,20 @@ __device__ __forceinline__ float token_scale(float amax) {
   return s > 0.f ? s : 1.f;
 }
 
-// One activation: clamp(rint(v / s), +-127), the division IEEE as the reference's.
-__device__ __forceinline__ int quantize_s8(float v, float s) {
-  return max(-127, min(127, __float2int_rn(__fdiv_rn(v, s))));
+// One activation: clamp(rint(v / s), +-127), the division IEEE as the reference's. inv = 1 / s
+// (rounded): t = v x inv is within 2^-15 of the rounded quotient (|v / s| <= 127: each of the two
+// roundings and inv's error <= 127 x 2^-24), so where t is more than 2^-14 from a half-integer
+// both round to the same integer. t + 1.5 x 2^23 rounds t half to even into the low mantissa bits
+// (full-rate adds, where the IEEE division takes a MUFU.RCP, ~8 more instructions and rintf an
+// F2I-pipe op); the division runs only within the margin of a tie (~1e-4 of random activations;
+// NaN and inf too). The __f*_rn intrinsics keep the compiler from folding or contracting them.
+__device__ __forceinline__ int quantize_s8(float v, float s, float inv) {
+  constexpr float kRound = 12582912.f;  // 1.5 x 2^23
+  const float t = __fmul_rn(v, inv), big = __fadd_rn(t, kRound);
+  const int q = fabsf(__fsub_rn(t, __fsub_rn(big, kRound))) < 0.5f - 0x1p-14f
+                    ? __float_as_int(big) - __float_as_int(kRound)
+                    : __float2int_rn(__fdiv_rn(v, s));
+  return max(-127, min(127, q));
 }
 
 // xq [M, ldq] int8, sx [M] fp32 from x [M, K]: one CTA a token. sx = absmax / 127 (1 where that
@@ -309,9 +320,9 @@ __global__ void __launch_bounds__(256) quantize_s8_kernel(const T* __restrict__ 
   const T* row = x + (size_t)blockIdx.x * K;
   float amax = 0.f;
   for (int k = threadIdx.x; k < K; k += blockDim.x) amax = fmaxf(amax, fabsf(Vec<T>::to_float(row[k])));
-  const float s = token_scale(amax);
+  const float s = token_scale(amax), inv = __frcp_rn(s);
   if (threadIdx.x == 0) sx[blockIdx.x] = s;
-  auto q = [&](int k) -> int { return k < K ? quantize_s8(Vec<T>::to_float(row[k]), s) : 0; };
+  auto q = [&](int k) -> int { return k < K ? quantize_s8(Vec<T>::to_float(row[k]), s, inv) : 0; };
   int8_t* out = xq + (size_t)blockIdx.x * ldq;
   if constexpr (PERMUTE) {
     for (int g = threadIdx.x; g < ldq / 4; g += blockDim.x) {  // 4 output bytes, positions 4g .. 4g + 3
@@ -359,7 +370,7 @@ __global__ void __launch_bounds__(kQuantThreads) quantize_s8_vec_kernel(const T*
       for (int t = 0; t < 8; ++t) amax = fmaxf(amax, fabsf(Vec<T>::to_float(e[t])));
     }
   }
-  const float s = token_scale(amax);
+  const float s = token_scale(amax), inv = __frcp_rn(s);
   if (threadIdx.x == 0) sx[blockIdx.x] = s;
   int8_t* out = xq + (size_t)blockIdx.x * ldq;
 #pragma unroll
@@ -371,7 +382,7 @@ __global__ void __launch_bounds__(kQuantThreads) quantize_s8_vec_kernel(const T*
       const T* e = reinterpret_cast<const T*>(&v[i]);
 #pragma unroll
       for (int t = 0; t < 8; ++t) {
-        const uint32_t q = (uint32_t)(quantize_s8(Vec<T>::to_float(e[t]), s) & 0xff);
+        const uint32_t q = (uint32_t)(quantize_s8(Vec<T>::to_float(e[t]), s, inv) & 0xff);
         if constexpr (PERMUTE) w[t % 2] |= q << (8 * (t / 2));
         else w[t / 4] |= q << (8 * (t % 4));
       }
@@ -394,7 +405,8 @@ ternary_wgmma_s8_kernel(const __grid_constant__ CUtensorMap x_map,     // xq [M,
                         const __half* __restrict__ scale,              // [N, lds]
                         const T* __restrict__ bias,                    // [N] or nullptr
                         T* __restrict__ y,                             // [M, N]
-                        int M, int N, int Kp, int lds, int block_size, int k_offset, int splits) {
+                        int M, int N, int Kp, int lds, int block_size, int k_offset, int splits,
+                        uint32_t step_magic) {  // s8_step_magic(block_size)
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   static_assert(RS == 1 || (RS == 2 && FOLD && !SPLIT), "256-row tiles: folded scales, no split");
   using S = S8Shape<STAGES, BM, RS>;
@@ -510,8 +522,12 @@ ternary_wgmma_s8_kernel(const __grid_constant__ CUtensorMap x_map,     // xq [M,
     if (tcount > 0) mbar_wait(scales_full + 8 * (tcount & 1), ((tcount - 1) >> 1) & 1);  // the stagers'
     const unsigned short* ssc = reinterpret_cast<const unsigned short*>(scale_buffer(tcount));  // exact: fp16
     const int8_t* sq = reinterpret_cast<const int8_t*>(scale_buffer(tcount));                  // FOLD: int8
-    // k-step kt's scale column (relative to col0): local column 128 kt is global k_offset + 128 kt
-    auto scale_col = [&](int kt) { return (k_offset + (kt0 + kt) * kBK) / block_size - col0; };
+    // k-step kt's scale column (relative to col0): local column 128 kt is global k_offset + 128 kt,
+    // global k-step k_offset / 128 + kt0 + kt, of block (that) / (block_size / 128): a multiply-high
+    // by s8_step_magic, not a runtime division (~60 of the 8B down loop's 166 instructions at M 256)
+    auto scale_col = [&](int kt) {
+      return (int)__umulhi((uint32_t)(k_offset / kBK + kt0 + kt) << 1, step_magic) - col0;
+    };
 
     // Waits for k-step kt's stage and decodes its codes (row set s: rows s kBN + r0, + 8): with the
     // unit table (exact scales: the two rows' scales of the k-step to sc, raw bits) or the rows'
@@ -687,6 +703,15 @@ int s8_cluster_wave(int splits) {
   });
 }
 
+// The kernel's divisor of global k-steps into scale blocks, q = block_size / 128, as a magic
+// number: __umulhi(2 n, ceil(2^31 / q)) = floor(n / q) exactly for n < 2^16 and q <= 2^15
+// (the error n (2^31 mod -q) / (q 2^31) < n / 2^31 < 1 / q); the op checks those bounds
+// (kS8MaxBlockSize, kS8MaxKEnd).
+uint32_t s8_step_magic(int block_size) {
+  const uint64_t q = (uint64_t)(block_size / kBK);
+  return (uint32_t)(((1ull << 31) + q - 1) / q);
+}
+
 template <typename T, int BM, bool FOLD, int RS = 1>
 cudaError_t launch_s8_t(const int8_t* xq, const float* sx, const uint8_t* packed, const __half* scale,
                         const void* bias, void* y, int M, int N, int Kp, int ldp, int lds, int block_size,
@@ -726,7 +751,7 @@ cudaError_t launch_s8_t(const int8_t* xq, const float* sx, const uint8_t* packed
   cfg.attrs = attr;
   cfg.numAttrs += 1;
   return cudaLaunchKernelEx(&cfg, kernel, x_map, code_map, sx, scale, static_cast<const T*>(bias), static_cast<T*>(y),
-                            M, N, Kp, lds, block_size, k_offset, splits);
+                            M, N, Kp, lds, block_size, k_offset, splits, s8_step_magic(block_size));
 }
 
 }  // namespace

@@ -12,6 +12,10 @@ namespace ternary {
 constexpr int kS8StepK = 128;
 // Scale blocks of a row the kernel holds in shared memory (K <= 12288 at 128-weight blocks).
 constexpr int kS8MaxScaleCols = 96;
+// The kernel counts 128-weight k-steps in 16 bits (its scale column is a multiply-high, not a
+// division): block_size <= 2^22 (2^15 k-steps) and k_offset + K <= 2^23 - 128.
+constexpr long kS8MaxBlockSize = 1l << 22;
+constexpr long kS8MaxKEnd = (1l << 23) - kS8StepK;
 
 struct S8Tiling {
   int tokens, splits, rows;  // rows: W rows a tile, 128 or 256 (folded scales only, no split)

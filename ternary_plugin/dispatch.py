@@ -45,6 +45,8 @@ WGMMA_MAX_SCALE_COLS = 64  # ternary_wgmma.h kWgmmaMaxScaleCols: a row's scale b
 WGMMA_STEP_K = 64  # ternary_wgmma.h kWgmmaStepK
 S8_STEP_K = 128  # ternary_wgmma_s8.h kS8StepK: a k-step of the s8 kernel is one scale block
 S8_MAX_SCALE_COLS = 96  # ternary_wgmma_s8.h kS8MaxScaleCols: a row's scale blocks in shared memory
+S8_MAX_BLOCK_SIZE = 1 << 22  # ternary_wgmma_s8.h kS8MaxBlockSize: the kernel counts k-steps in 16 bits
+S8_MAX_K_END = (1 << 23) - S8_STEP_K  # ternary_wgmma_s8.h kS8MaxKEnd: the largest k_offset + K
 W2A8_MAX_M = 16384  # the largest M plan_layout weighs for the int8 mode (a prefill batch's tokens)
 
 
@@ -177,10 +179,10 @@ class Choice:
 
 def wgmma_s8_aligned(c: Call) -> bool:
     """The s8 kernel's k-steps are whole scale blocks (and TMA copies of the packed rows), a row's
-    blocks fit its shared memory."""
+    blocks fit its shared memory, its k-steps count in 16 bits."""
     cols = (c.k_offset + c.k - 1) // c.block_size - c.k_offset // c.block_size + 1
     return (c.rows_padded16 and c.block_size % S8_STEP_K == 0 and c.k_offset % S8_STEP_K == 0
-            and cols <= S8_MAX_SCALE_COLS)
+            and cols <= S8_MAX_SCALE_COLS and c.block_size <= S8_MAX_BLOCK_SIZE and c.k_offset + c.k <= S8_MAX_K_END)
 
 
 # --- the conditions the bands read ---------------------------------------------------------------

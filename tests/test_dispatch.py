@@ -245,6 +245,11 @@ def test_int8_activations_take_our_s8_kernel_on_hopper_and_hummings_elsewhere():
     # a row's scale blocks in the kernel's shared memory: 96 (K 12288, 8B's down_proj), not 97
     assert d.plan_w2a8(d.Call(65, 4096, 12288), H200, "ternary", lim=LIM).band == "Q1"
     assert d.plan_w2a8(d.Call(65, 4096, 12289), H200, "ternary", lim=LIM).band == "QR"
+    # its k-steps count in 16 bits: block_size to 2^22, k_offset + K to 2^23 - 128
+    assert w2a8(1024, "ternary", k=2048, block_size=1 << 22, k_offset=(1 << 22) - 1024)[1] == "Q1"
+    assert w2a8(1024, "ternary", k=2048, block_size=1 << 23, k_offset=0)[1] == "QR"
+    assert w2a8(1024, "ternary", k=1 << 22, block_size=1 << 22, k_offset=(1 << 22) - 128)[1] == "Q1"
+    assert w2a8(1024, "ternary", k=(1 << 22) + 128, block_size=1 << 22, k_offset=(1 << 22) - 128)[1] == "QR"
     assert "wgmma s8 (Q1)" in d.describe(4096, 4096, H200, "ternary", w2a8=True)
 
 

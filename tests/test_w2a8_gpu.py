@@ -45,6 +45,8 @@ SHAPES = [
     (16, 512, 1216, 128, 256, "block_size 256, a shard starting half way into a block"),
     (1000, 2048, 3072, 0, 128, "persistent CTAs walking several tiles"),
     (5, 4096, 12288, 0, 128, "96 scale blocks a row (8B down_proj): scales from global memory"),
+    (33, 256, 1400, 256, 384, "block_size 384: three k-steps a block, the shard two k-steps into one"),
+    (9, 128, 2048, (1 << 22) - 1024, 1 << 22, "the largest block_size, a shard 8 k-steps before its end"),
 ]
 
 
@@ -95,6 +97,9 @@ def test_quantization_is_bit_identical_to_the_reference(m, k, misaligned, dtype)
     x[0] = 0  # an all-zero row: sx = 1, xq = 0
     if m > 1:
         x[1, : k // 2] = 127.5  # a row whose absmax is set by many equal values
+    if m > 2:  # a row of exact ties: s = 0.125, v / s = n + 0.5 (rounds half to even, not the fast product's way)
+        x[2] = ((torch.arange(k) % 254 - 127).float() + 0.5) * 0.125
+        x[2, 0] = 127 * 0.125
     xc = x.cuda()
     if misaligned:  # the same values at a 2-byte offset from an allocation
         xc = torch.empty(m * k + 1, dtype=dtype, device="cuda")[1:].view(m, k)
@@ -280,12 +285,22 @@ def test_the_layer_call_routes_to_the_kernel():
                        torch.ops.ternary_serve.gemm(small, packed, scale, bias, 128, 0))
     assert torch.equal(ternary_linear_w2a8(x, narrow, narrow_scale, narrow_bias, 128, 0),
                        torch.ops.ternary_serve.gemm(x, narrow, narrow_scale, narrow_bias, 128, 0))
-    # off the kernel's 128-weight k-steps the plan is the reference (band QR), still correct
-    x2, packed2, scale2, _ = _case(70, 96, 502, 64, 128, torch.bfloat16, seed=3)
+    # off the kernel's 128-weight k-steps the plan is the reference (band QR), still correct (on a
+    # layer and M past band QB's: N 4096, M x N >= TERNARY_W2A8_SMALL_S8_MIN_MN)
+    x2, packed2, scale2, _ = _case(390, 4096, 502, 64, 128, torch.bfloat16, seed=3)
     assert ops.cuda_plan(x2.cuda(), packed2.cuda(), 128, 64, w2a8=True).backend == "reference"
     y2 = ternary_linear_w2a8(x2.cuda(), packed2.cuda(), scale2.cuda(), None, 128, 64)
     # the reference on the GPU against the same reference on the CPU: float64 sums in other orders
     assert _rel(y2, _formula(x2, packed2, scale2, None, 128, 64)) < TOL[torch.bfloat16]
+
+
+@pytest.mark.parametrize("fold", [False, True], ids=["exact", "folded"])
+def test_a_strided_bias_gives_the_contiguous_bias_result(fold):
+    x, packed, scale, bias = (t.cuda() for t in _case(70, 320, 900, 0, 128, torch.bfloat16, seed=11))
+    strided = torch.stack([bias, -bias], 1)[:, 0]
+    assert not strided.is_contiguous()
+    y = torch.ops.ternary_serve.gemm_w2a8_path(x, packed, scale, strided, 128, 0, fold=fold)
+    assert torch.equal(y, torch.ops.ternary_serve.gemm_w2a8_path(x, packed, scale, bias, 128, 0, fold=fold))
 
 
 def test_bad_inputs_name_what_is_wrong():
@@ -308,4 +323,10 @@ def test_bad_inputs_name_what_is_wrong():
     xk, packedk, scalek, _ = _case(2, 32, 12416, 0, 128, torch.bfloat16, seed=4)  # 97 scale blocks a row
     with pytest.raises(RuntimeError, match="at most 96 scale blocks a row"):
         torch.ops.ternary_serve.gemm_w2a8_path(xk.cuda(), packedk.cuda(), scalek.cuda(), None, 128, 0)
+    with pytest.raises(RuntimeError, match="counts 128-weight steps in 16 bits: block_size <= 4194304"):
+        torch.ops.ternary_serve.gemm_w2a8_path(x, packed, scale, None, 1 << 23, 0)
+    xe = torch.zeros(1, (1 << 22) + 128, dtype=torch.bfloat16, device="cuda")  # k_offset + K = 2^23
+    with pytest.raises(RuntimeError, match="k_offset \\+ K <= 8388480, got block_size 4194304, k_offset \\+ K 8388608"):
+        torch.ops.ternary_serve.gemm_w2a8_path(xe, packed, scale, None, 1 << 22, (1 << 22) - 128)
     assert (dispatch.S8_STEP_K, dispatch.S8_MAX_SCALE_COLS) == (128, 96)
+    assert (dispatch.S8_MAX_BLOCK_SIZE, dispatch.S8_MAX_K_END) == (1 << 22, (1 << 23) - 128)
