@@ -12,6 +12,7 @@
 #   bash benchmarks/gpu/gpu_e2e_run.sh setup profile_s8    # ncu on the folded s8 kernel, 128 and 256 rows (carry .whl)
 #   bash benchmarks/gpu/gpu_e2e_run.sh setup w2a8_fold     # the s8 kernel exact and folded: tests, memcheck, timed
 #                                                   # against cuBLAS (s8_quick.py; carry .whl only)
+#   bash benchmarks/gpu/gpu_e2e_run.sh setup s8_check      # the s8 kernel's GPU tests and memcheck alone
 #   bash benchmarks/gpu/gpu_e2e_run.sh setup s8_ab         # the s8 kernel of other commits (.e2e/ab/*, carried
 #                                                   # with .whl) and this checkout's, timed in one call
 #   bash benchmarks/gpu/gpu_e2e_run.sh setup s8_ab band_only   # then bench_band alone (BAND_ARGS)
@@ -242,6 +243,11 @@ s8_memcheck() {  # memcheck on the folded cases
     tests/test_w2a8_gpu.py -k "folded and bf16 and not 12288 and not 3072 and not 1536 or split_of_the_folded and 64" \
     > "$OUT/memcheck_w2a8.log" 2>&1
   tail -3 "$OUT/memcheck_w2a8.log"
+}
+
+stage_s8_check() {  # the s8 kernel's GPU tests and memcheck alone (a change's first check)
+  s8_tests
+  s8_memcheck
 }
 
 stage_w2a8_fold() {
