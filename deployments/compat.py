@@ -203,6 +203,20 @@ def running_replicas(app: str, deployment: str) -> dict[str, str]:
     return {a.name[len(prefix):]: a.node_id for a in actors if a.name and a.name.startswith(prefix)}
 
 
+def target_replicas() -> dict[tuple[str, str], int]:
+    """(application, deployment) -> the replicas Serve aims at now (``target_num_replicas`` of the
+    controller's instance details: num_replicas, or the autoscaler's current target), for every
+    deployment that reports one. ``ServeController.get_serve_instance_details`` and the actor name
+    ``SERVE_CONTROLLER_ACTOR`` in namespace ``serve``: both Ray versions."""
+    import ray
+
+    controller = ray.get_actor("SERVE_CONTROLLER_ACTOR", namespace="serve")
+    details = ray.get(controller.get_serve_instance_details.remote(), timeout=30)
+    return {(app, dep): int(d["target_num_replicas"])
+            for app, a in (details.get("applications") or {}).items()
+            for dep, d in (a.get("deployments") or {}).items() if d.get("target_num_replicas") is not None}
+
+
 def dead_nodes_of(app: str, deployment: str) -> list[str]:
     """Ids of the dead nodes that hosted replicas of a deployment (its replica actors in any state,
     from Ray's state API, on nodes ``ray.nodes()`` reports not alive)."""

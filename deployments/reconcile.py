@@ -90,6 +90,8 @@ def reconcile_cluster(app: str | None, timeout: float, restart_bad: bool, progre
                                 str(getattr(dep.status, "value", dep.status))))
     if not targets:
         unreachable.append(f"no {DEPLOYMENT_PREFIX}* deployment found" + (f" in application {app!r}" if app else ""))
+    progress["step"] = "the deployments' target replica counts"
+    aims = compat.target_replicas() if targets else {}
     nodes = node_names()
     for app_name, dep_name, running, status in targets:
         progress["step"] = f"{app_name}/{dep_name}: listing its replicas"
@@ -104,14 +106,12 @@ def reconcile_cluster(app: str | None, timeout: float, restart_bad: bool, progre
             why = f"; last error: {errors[-1]}" if errors else ""
             unreachable.append(f"{app_name}/{dep_name}: replica {replica} on {node} did not answer in "
                                f"{timeout:.0f} s{why}")
-        if not set(listed) - set(reports) and (len(reports) < running or status != "HEALTHY"):
-            # Fewer replicas than Serve counts, or a deployment not at its target: a replica lost with
-            # its node (killed before or while the job listed them) cannot be vouched for; name the node.
-            dead = [nodes.get(n, n) for n in compat.dead_nodes_of(app_name, dep_name)]
-            if dead or len(reports) < running:
-                unreachable.append(f"{app_name}/{dep_name} ({status}): {len(reports)} of {running} "
-                                   "RUNNING replica(s) answered" + (f"; lost with dead node(s): {', '.join(dead)}"
-                                                                   if dead else ""))
+        if not set(listed) - set(reports):
+            short = short_of_target(f"{app_name}/{dep_name}", status, len(reports), running,
+                                    aims.get((app_name, dep_name)),
+                                    lambda: [nodes.get(n, n) for n in compat.dead_nodes_of(app_name, dep_name)])
+            if short:
+                unreachable.append(short)
         bad_replicas = set()
         for replica, rep in reports.items():
             node = nodes.get(rep.get("node_id", ""), rep.get("node_id", "?"))
@@ -132,6 +132,24 @@ def reconcile_cluster(app: str | None, timeout: float, restart_bad: bool, progre
                 ray.kill(actor, no_restart=True)  # Serve starts a replacement
                 print(f"restarting replica {replica} of {app_name}/{dep_name}")
     return rows, unreachable
+
+
+def short_of_target(where: str, status: str, answered: int, running: int, target: int | None,
+                    dead_nodes) -> str | None:
+    """Why a deployment whose listed replicas all answered still cannot be vouched for, or None:
+    fewer answered than Serve counts RUNNING or aims at (its target: a replica lost with its node
+    before the job listed the replicas, or its replacement still starting), or a deployment not
+    HEALTHY that lost a replica with a node. ``dead_nodes()`` names the dead nodes that hosted its
+    replicas (asked only then)."""
+    want = max(running, target or 0)
+    if answered >= want and status == "HEALTHY":
+        return None
+    dead = dead_nodes()
+    if answered >= want and not dead:
+        return None
+    return (f"{where} ({status}): {answered} replica(s) answered, Serve counts {running} RUNNING"
+            + (f" and aims at {target}" if target is not None else "")
+            + (f"; lost with dead node(s): {', '.join(dead)}" if dead else ""))
 
 
 # After an answer from a replica already heard from, the next call waits (doubling, up to the

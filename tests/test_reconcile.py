@@ -188,3 +188,31 @@ def test_asking_every_replica_does_not_race_the_ones_that_answered(monkeypatch, 
     else:
         assert set(reports) == {"a", "b"} and router.calls == b_after + 1
         assert clock.slept < 2 * reconcile.REPEAT_PAUSE_S[1] * b_after
+
+
+def test_a_deployment_short_of_its_target_is_not_vouched_for():
+    """Every listed replica answered, yet the job cannot PASS where Serve counts more RUNNING or
+    aims at more (a replica lost with its node before the job listed them: the CI failure of
+    2026-12-06, the periodic job's report having raised the kill's marker): it says how many, and
+    names the dead node; a deployment at its target, or a starting replacement on no dead node, is
+    judged by its counts alone."""
+    from deployments.reconcile import short_of_target
+
+    asked = []
+
+    def dead(names):
+        return lambda: asked.append(1) or names
+
+    assert short_of_target("app/dep", "HEALTHY", 2, 2, 2, dead(["10.0.0.2 node ab"])) is None
+    assert asked == []  # the dead nodes are asked for only when something is short
+    msg = short_of_target("app/dep", "HEALTHY", 1, 1, 2, dead(["10.0.0.2 node ab"]))
+    assert msg == ("app/dep (HEALTHY): 1 replica(s) answered, Serve counts 1 RUNNING and aims at 2; "
+                   "lost with dead node(s): 10.0.0.2 node ab")
+    assert short_of_target("app/dep", "UPSCALING", 2, 2, 3, dead([])) == (
+        "app/dep (UPSCALING): 2 replica(s) answered, Serve counts 2 RUNNING and aims at 3")
+    assert short_of_target("app/dep", "HEALTHY", 1, 2, None, dead([])) == (
+        "app/dep (HEALTHY): 1 replica(s) answered, Serve counts 2 RUNNING")
+    # not HEALTHY but every replica there: only a dead node that held one makes it short
+    assert short_of_target("app/dep", "UPDATING", 2, 2, 2, dead([])) is None
+    assert "lost with dead node(s): n1" in short_of_target("app/dep", "UNHEALTHY", 2, 2, 2, dead(["n1"]))
+
