@@ -56,8 +56,6 @@ needs_kernel_cpu = pytest.mark.skipif(
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 U_OUT = {torch.float32: 2.0**-24, torch.bfloat16: 2.0**-8, torch.float16: 2.0**-11}
-# The regimes' boundary (ternary_cpu.cpp kSmallMMaxBf16 / kSmallMMaxF32; fp16 x runs as fp32).
-SMALL_M_MAX = {torch.bfloat16: 2, torch.float32: 32, torch.float16: 32}
 
 # (M, N, K, k_offset, block_size, reason)
 SHAPES = [

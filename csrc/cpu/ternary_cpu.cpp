@@ -61,9 +61,15 @@ namespace {
 //   fp32 x  (ms, small-M kernel / tile + GEMM) gate_up: M 32 5.90 / 8.11, M 64 13.2 / 13.2; down:
 //           M 32 3.52 / 3.60, M 64 6.53 / 8.54; MiniLM up: M 32 0.59 / 0.67, M 64 1.31 / 1.12 (shared)
 // bf16: the pair-major kernel wins from M 3-4 on; fp32 loses past 32 (MKL's fp32 GEMM is further
-// from its peak). TERNARY_CPU_SMALL_M_MAX (read once per process) overrides both.
+// from its peak). The AVX2 code (x in fp32 whatever its dtype) loses earlier: on a 2-core AMD EPYC
+// Zen 3 (AVX2 only; 1 thread, warm weights, ms, small-M kernel / tile + MKL GEMM, 2026-12-06, the
+// machine not quiet) MiniLM qkv (K 384, N 1152) M 8 0.22 / 0.27, M 12 0.33 / 0.29, M 16 0.48 / 0.33,
+// M 32 0.78 / 0.47; Qwen3-0.6B qkv (1024, 4096) M 12 2.84 / 3.36, M 16 3.6 / 3.5-4.5, M 24 5.1 / 4.1,
+// M 32 6.7 / 4.7; down (3072, 1024) M 12 2.05 / 2.53, M 24 3.8 / 3.0: past 12 the tile.
+// TERNARY_CPU_SMALL_M_MAX (read once per process) overrides all three.
 constexpr int64_t kSmallMMaxBf16 = 2;
 constexpr int64_t kSmallMMaxF32 = 32;
+constexpr int64_t kSmallMMaxAvx2 = 12;
 // The pair-major tile's bytes a thread: half of Zen 4's 1 MB L2, x's block taking a quarter.
 constexpr int64_t kPairTileBytes = 512 * 1024;
 // The large-M tile's dequantized bytes a thread: about one L2 (1 MB a core on Zen 4), its rows
@@ -108,10 +114,10 @@ std::string env_choice(const char* name, std::initializer_list<const char*> allo
   TORCH_CHECK(false, name, "=", r, ": must be ", choices);
 }
 
-// TERNARY_CPU_SMALL_M_MAX, read once per process, overrides both dtypes' threshold.
-int64_t small_m_max(bool bf16) {
+// TERNARY_CPU_SMALL_M_MAX, read once per process, overrides every threshold. avx2: the AVX2 code runs.
+int64_t small_m_max(bool bf16, bool avx2) {
   static const int64_t forced = env_int("TERNARY_CPU_SMALL_M_MAX", -1);
-  return forced >= 0 ? forced : bf16 ? kSmallMMaxBf16 : kSmallMMaxF32;
+  return forced >= 0 ? forced : avx2 ? kSmallMMaxAvx2 : bf16 ? kSmallMMaxBf16 : kSmallMMaxF32;
 }
 
 // bf16 x past small M, on AVX-512 (ternary_cpu.cpp's regimes above): "pair" (the pair-major
@@ -219,7 +225,7 @@ const std::string& kernel_isa() {
 // AVX2 code, which runs bf16 x as fp32): what gemm_cpu runs and cpu_bf16_tile_kernel reports.
 std::string bf16_tile(int64_t M) {
   const std::string kernel = bf16_tile_kernel(M);  // checks TERNARY_CPU_BF16_TILE everywhere
-  return kernel_isa() == "avx512_bf16" && M > small_m_max(true) ? kernel : std::string();
+  return kernel_isa() == "avx512_bf16" && M > small_m_max(true, false) ? kernel : std::string();
 }
 
 // x [M, K] as a zero-padded copy [M, kc] in `dtype` (K in whole chunks: the kernels read x a
@@ -519,7 +525,7 @@ torch::Tensor gemm_cpu(const torch::Tensor& x,                  // [M, K] fp32 /
   // On AVX2, x runs in fp32 in both regimes (no bf16 dot product there): bf16 takes fp32's rules
   const bool avx2 = isa == "avx2", bf16 = dt == at::kBFloat16 && !avx2;
   const int64_t kc = (K + kChunk - 1) / kChunk * kChunk;  // K in whole chunks: the padded buffers' rows
-  const bool small = M <= small_m_max(bf16);
+  const bool small = M <= small_m_max(bf16, avx2);
   const std::string tile_kernel = bf16 && !small ? bf16_tile(M) : std::string();
   // the segmentation of K: what the small-M kernels and the dequantizing tiles read (the VNNI and
   // pair-major tiles have their own plans)
