@@ -130,12 +130,24 @@ __device__ __forceinline__ void wgmma_s8(int32_t (&d)[BM / 2], const uint32_t (&
 // Four int8 weights from the 2-bit codes at bits 4i, 4i + 1 (i < 4) of `sel`, by one prmt over a
 // row's table {0, +w, -w, -w} (bytes 0-3 of `table`; code 00 -> 0, 01 -> +w, 10 -> -w, the reserved
 // 11 -> -w): w = 1 where the block sums are promoted with exact scales, the row's folded int8
-// block scale (fold_table) where they are not. Selector nibbles 0-3 pick bytes 0-3; bits 2-3 of
-// every nibble are 0 (sel & 0x3333), so no byte of the other operand and no sign mode.
+// block scale (fold_table) where they are not. prmt reads the selector's low 16 bits: nibbles 0-3
+// pick bytes 0-3; the caller clears bits 2-3 of every nibble (spread_word), so no byte of the other
+// operand and no sign mode.
 __device__ __forceinline__ uint32_t table_codes(uint32_t table, uint32_t sel) {
   uint32_t r;
-  asm("prmt.b32 %0, %1, 0, %2;\n" : "=r"(r) : "r"(table), "r"(sel & 0x3333u));
+  asm("prmt.b32 %0, %1, 0, %2;\n" : "=r"(r) : "r"(table), "r"(sel));
   return r;
+}
+
+// A code word's four prmt selectors: its even codes (w & 0x3333...: code 2i at nibble i) and odd
+// codes (shifted down by 2 first), each as is (codes 0-7) and shifted down by 16 (codes 8-15). 5
+// instructions for the four, where masking each shifted word took 7.
+struct Selectors {
+  uint32_t s[4];  // [q]: the selector of wgmma q's register (shift 2 (q & 1) + 16 (q >> 1))
+};
+__device__ __forceinline__ Selectors spread_word(uint32_t w) {
+  const uint32_t even = w & 0x33333333u, odd = (w >> 2) & 0x33333333u;
+  return {{even, odd, even >> 16, odd >> 16}};
 }
 constexpr uint32_t kUnitTable = 0xFFFF0100u;  // {0, +1, -1, -1}
 __device__ __forceinline__ uint32_t fold_table(int q) {
@@ -165,13 +177,13 @@ __device__ __forceinline__ float block_sum_to_float(int32_t v) {
 // 2i + (q & 1) + 8 (q >> 1), i < 4, as its bytes i (the word shifted by 2 (q & 1) + 16 (q >> 1),
 // then the selector's nibbles hold every other code). Register a[q][2u] (a[q][2u + 1] for
 // r0 + 8) byte i sits at wgmma position 32q + 16u + 4t + i: the activations' permutation
-// (permuted_column) puts the matching x there. 11 instructions a 16 weights.
+// (permuted_column) puts the matching x there. 9 instructions a 16 weights (spread_word, 4 prmt).
 __device__ __forceinline__ void decode_s8(uint32_t (&a)[4][4], uint2 c0, uint2 c1, uint32_t t0, uint32_t t1) {
+  const Selectors x0 = spread_word(c0.x), y0 = spread_word(c0.y), x1 = spread_word(c1.x), y1 = spread_word(c1.y);
 #pragma unroll
   for (int q = 0; q < 4; ++q) {
-    const int sh = 2 * (q & 1) + 16 * (q >> 1);
-    a[q][0] = table_codes(t0, c0.x >> sh), a[q][2] = table_codes(t0, c0.y >> sh);
-    a[q][1] = table_codes(t1, c1.x >> sh), a[q][3] = table_codes(t1, c1.y >> sh);
+    a[q][0] = table_codes(t0, x0.s[q]), a[q][2] = table_codes(t0, y0.s[q]);
+    a[q][1] = table_codes(t1, x1.s[q]), a[q][3] = table_codes(t1, y1.s[q]);
   }
 }
 
