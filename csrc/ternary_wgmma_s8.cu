@@ -58,6 +58,10 @@ using namespace wg;
 constexpr int kBK = kS8StepK;      // weights of K a k-step: 128 int8 = one 128-byte swizzle row
 constexpr int kRow = kBK;          // bytes of an activation tile row
 constexpr int kCodeRow = kBK / 4;  // bytes of codes a W row a k-step
+// 1.5 x 2^23 and its bits: an integer i with |i| < 2^22 added to the bits (or a float t with
+// |t| < 2^22 added to the value, rounded half to even) sits in the low mantissa bits of the sum.
+constexpr float kMantissaMagic = 12582912.f;
+constexpr int kMantissaMagicBits = 0x4B400000;
 
 // Programmatic dependent launch between the op's two kernels (launch_s8_t sets the attribute):
 // the quantize kernel lets the GEMM launch at its entry, and the GEMM waits for it (its xq and sx
@@ -168,7 +172,7 @@ __device__ __forceinline__ float fold_weight(float smax) { return __fdiv_rn(smax
 // the k-step's tensor-core time; measured, kernel-h200.md's first s8 run): 2^23 + 2^22 + v has v
 // in its low mantissa bits, so one integer add and one float subtraction give v.
 __device__ __forceinline__ float block_sum_to_float(int32_t v) {
-  return __int_as_float(v + 0x4B400000) - 12582912.f;
+  return __int_as_float(v + kMantissaMagicBits) - kMantissaMagic;
 }
 
 // One k-step's A fragments of a thread (4 k32 wgmma x 4 registers): rows r0 (codes c0, table t0)
@@ -308,15 +312,14 @@ __device__ __forceinline__ float token_scale(float amax) {
 // One activation: clamp(rint(v / s), +-127), the division IEEE as the reference's. inv = 1 / s
 // (rounded): t = v x inv is within 2^-15 of the rounded quotient (|v / s| <= 127: each of the two
 // roundings and inv's error <= 127 x 2^-24), so where t is more than 2^-14 from a half-integer
-// both round to the same integer. t + 1.5 x 2^23 rounds t half to even into the low mantissa bits
+// both round to the same integer. t + kMantissaMagic rounds t half to even into the low mantissa bits
 // (full-rate adds, where the IEEE division takes a MUFU.RCP, ~8 more instructions and rintf an
 // F2I-pipe op); the division runs only within the margin of a tie (~1e-4 of random activations;
 // NaN and inf too). The __f*_rn intrinsics keep the compiler from folding or contracting them.
 __device__ __forceinline__ int quantize_s8(float v, float s, float inv) {
-  constexpr float kRound = 12582912.f;  // 1.5 x 2^23
-  const float t = __fmul_rn(v, inv), big = __fadd_rn(t, kRound);
-  const int q = fabsf(__fsub_rn(t, __fsub_rn(big, kRound))) < 0.5f - 0x1p-14f
-                    ? __float_as_int(big) - __float_as_int(kRound)
+  const float t = __fmul_rn(v, inv), big = __fadd_rn(t, kMantissaMagic);
+  const int q = fabsf(__fsub_rn(t, __fsub_rn(big, kMantissaMagic))) < 0.5f - 0x1p-14f
+                    ? __float_as_int(big) - kMantissaMagicBits
                     : __float2int_rn(__fdiv_rn(v, s));
   return max(-127, min(127, q));
 }
