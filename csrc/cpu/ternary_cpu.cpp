@@ -61,11 +61,9 @@ namespace {
 //   fp32 x  (ms, small-M kernel / tile + GEMM) gate_up: M 32 5.90 / 8.11, M 64 13.2 / 13.2; down:
 //           M 32 3.52 / 3.60, M 64 6.53 / 8.54; MiniLM up: M 32 0.59 / 0.67, M 64 1.31 / 1.12 (shared)
 // bf16: the pair-major kernel wins from M 3-4 on; fp32 loses past 32 (MKL's fp32 GEMM is further
-// from its peak). The AVX2 code (x in fp32 whatever its dtype) loses earlier: on a 2-core AMD EPYC
-// Zen 3 (AVX2 only; 1 thread, warm weights, ms, small-M kernel / tile + MKL GEMM, 2026-12-06, the
-// machine not quiet) MiniLM qkv (K 384, N 1152) M 8 0.22 / 0.27, M 12 0.33 / 0.29, M 16 0.48 / 0.33,
-// M 32 0.78 / 0.47; Qwen3-0.6B qkv (1024, 4096) M 12 2.84 / 3.36, M 16 3.6 / 3.5-4.5, M 24 5.1 / 4.1,
-// M 32 6.7 / 4.7; down (3072, 1024) M 12 2.05 / 2.53, M 24 3.8 / 3.0: past 12 the tile.
+// from its peak). The AVX2 code (x in fp32 whatever its dtype) loses earlier: on an AVX2-only AMD
+// EPYC Zen 3 the tile + MKL GEMM was 1.05-1.49x faster than the small-M kernel at M 16-32 on every
+// MiniLM and Qwen3-0.6B layer and level with it at M 12 (benchmarks/results/cpu-kernel-avx2-zen3.md).
 // TERNARY_CPU_SMALL_M_MAX (read once per process) overrides all three.
 constexpr int64_t kSmallMMaxBf16 = 2;
 constexpr int64_t kSmallMMaxF32 = 32;
