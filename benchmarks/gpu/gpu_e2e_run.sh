@@ -251,8 +251,7 @@ stage_s8_check() {  # the s8 kernel's GPU tests and memcheck alone (a change's f
 }
 
 stage_w2a8_fold() {
-  s8_tests
-  s8_memcheck
+  stage_s8_check
   timeout ${FOLD_TIMEOUT:-220} python3 benchmarks/probes/s8_quick.py --models 8B 0.6B \
     --ms ${FOLD_MS:-1 16 64 256 1024 4096 16384} --json "$OUT/s8-fold.json" > "$LOGS/s8_fold.log" 2>&1
   grep -E "per layer|Error|error:" "$LOGS/s8_fold.log" | head -30

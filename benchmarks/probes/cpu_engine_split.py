@@ -504,18 +504,18 @@ def markdown(result: dict) -> str:
              "call's own time, i.e. its generated kernels and Python wrapper; rest: views, allocations, glue).", "",
              head, "|---" * head.count("|")[:-1] if False else "|" + "---|" * (head.count("|") - 1)]
     lines += table_rows(result["models"])
-    perf = [runs[0] for entry in result["models"].values() for runs in entry.values()
-            if runs and any(b.get("perf") for b in runs[0].get("batches", {}).values())]
-    if perf:  # runs with --perf only
+    if any(b.get("perf") for entry in result["models"].values() for runs in entry.values() if runs
+           for b in runs[0].get("batches", {}).values()):  # runs with --perf only
         lines += ["", "perf of the worker over the timed loop (ms per embed = samples / rate; first run):", "",
                   "| variant | batch | " + " | ".join(PERF_COLS) + " |", "|---|---|" + "---|" * len(PERF_COLS)]
-    for name, entry in (result["models"] if perf else {}).items():
-        for batch in ("1", "16"):
-            for variant, runs in entry.items():
-                if not runs or batch not in runs[0].get("batches", {}):
-                    continue
-                p = summary(runs[0], batch)["perf"]
-                lines.append(f"| {variant} | {batch} | " + " | ".join(str(p.get(k, 0.0)) for k in PERF_COLS) + " |")
+        for entry in result["models"].values():
+            for batch in ("1", "16"):
+                for variant, runs in entry.items():
+                    if not runs or batch not in runs[0].get("batches", {}):
+                        continue
+                    p = summary(runs[0], batch)["perf"]
+                    lines.append(f"| {variant} | {batch} | " + " | ".join(str(p.get(k, 0.0)) for k in PERF_COLS)
+                                 + " |")
     for tag, w in result.get("what_if", {}).items():
         lines += ["", f"What-if `{tag}` ({w.get('env')}; not the benchmark's configuration): `{w['command']}`", "",
                   head, "|" + "---|" * (head.count("|") - 1)]
