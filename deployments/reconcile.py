@@ -109,7 +109,8 @@ def reconcile_cluster(app: str | None, timeout: float, restart_bad: bool, progre
         if not set(listed) - set(reports):
             short = short_of_target(f"{app_name}/{dep_name}", status, len(reports), running,
                                     aims.get((app_name, dep_name)),
-                                    lambda: [nodes.get(n, n) for n in compat.dead_nodes_of(app_name, dep_name)])
+                                    lambda: [nodes.get(n, n) for n in compat.dead_nodes_of(app_name, dep_name)],
+                                    wait_s=timeout)
             if short:
                 unreachable.append(short)
         bad_replicas = set()
@@ -134,17 +135,33 @@ def reconcile_cluster(app: str | None, timeout: float, restart_bad: bool, progre
     return rows, unreachable
 
 
+# Serve's own transitions, in which a deployment short of its target is expected (a replica
+# starting or stopping), not a sign of a lost node.
+SERVE_TRANSITIONS = frozenset({"UPSCALING", "DOWNSCALING", "UPDATING"})
+
+
 def short_of_target(where: str, status: str, answered: int, running: int, target: int | None,
-                    dead_nodes) -> str | None:
+                    dead_nodes, wait_s: float = 0.0, poll_s: float = 1.0) -> str | None:
     """Why a deployment whose listed replicas all answered still cannot be vouched for, or None:
     fewer answered than Serve counts RUNNING or aims at (its target: a replica lost with its node
     before the job listed the replicas, or its replacement still starting), or a deployment not
     HEALTHY that lost a replica with a node. ``dead_nodes()`` names the dead nodes that hosted its
-    replicas (asked only then)."""
+    replicas (asked only then).
+
+    Serve can stop counting a replica whose node lost power before Ray declares the node dead (its
+    health checks need several failed periods): where replicas are missing outside Serve's own
+    transitions and no dead node is seen yet, the question is asked again every ``poll_s`` for up
+    to ``wait_s``, so the message names the node when Ray does within the job's bound (the CI
+    failure of 2026-12-06: the job asked right after the kill and named nothing)."""
     want = max(running, target or 0)
     if answered >= want and status == "HEALTHY":
         return None
     dead = dead_nodes()
+    if answered < want and status not in SERVE_TRANSITIONS:
+        deadline = time.monotonic() + wait_s
+        while not dead and time.monotonic() < deadline:
+            time.sleep(min(poll_s, max(0.0, deadline - time.monotonic())))
+            dead = dead_nodes()
     if answered >= want and not dead:
         return None
     return (f"{where} ({status}): {answered} replica(s) answered, Serve counts {running} RUNNING"

@@ -281,7 +281,9 @@ def test_a_node_killed_mid_job_gives_exit_2_naming_the_node(cluster, tmp_path):
     left (seen once). The marker can also come from the periodic job's run (it asks every replica
     every 10 s): then the node may die before this job lists the replicas, and the job must still
     end 2, as one replica short of Serve's target (reconcile.short_of_target; it passed on the one
-    left in CI on 2026-12-06, before that check)."""
+    left in CI on 2026-12-06, before that check), naming the node once Ray declares it dead (in CI
+    later that day Serve had stopped counting the replica before Ray's health checks declared the
+    node dead, and the job named none: it now waits for Ray's verdict within its timeout)."""
     where = nodes()
     asked = tmp_path / "asked"
     slowed = driver(
