@@ -71,6 +71,10 @@ REGISTRY: tuple[EnvVar, ...] = (
            "VNNI tile through oneDNN's brgemm, AMX tiles) below M 1024 and gemm (dequantized tile, oneDNN's GEMM) "
            "from 1024, else pair (the pair-major vdpbf16ps kernel); pair, brgemm, brgemm_kslice or gemm forces "
            "one; anything else is an error naming the variable"),
+    EnvVar("TERNARY_CPU_AVX2_GEMM", str, "auto", "read",
+           "CPU kernel, AVX2 code past small M (csrc/cpu/ternary_cpu.cpp avx2_gemm): the GEMM on each thread's "
+           "decoded fp32 tile; auto takes our kernel (tile_gemm_f32_avx2) to M 32 and MKL's (at::mm_out) past it, "
+           "dot or mm forces one; anything else is an error naming the variable"),
     EnvVar("TERNARY_CPU_POISON", int, "0", "read",
            "1: the CPU ops' output buffers start as NaN (W2A8's int8 ones as -128), so tests see any element a "
            "kernel leaves unwritten"),

@@ -256,6 +256,31 @@ def test_both_regimes_everywhere(small_m_max):
     assert proc.returncode == 0 and "CHECKED" in proc.stdout, proc.stderr[-3000:]
 
 
+@needs_kernel_cpu
+@pytest.mark.parametrize("gemm", ["dot", "mm"])
+def test_both_avx2_gemms_everywhere(gemm):
+    """The AVX2 code's GEMM on its decoded fp32 tiles (TERNARY_CPU_AVX2_GEMM, read once per
+    process): our dot kernel (tile_gemm_f32_avx2, auto's to M 32: 3 x rows by 4 tile rows, K in
+    slices, x in chunks, tile rows not a multiple of 4 at N 1 / 17 / 33) and MKL's, each forced on every SHAPES
+    case in every dtype past small M (TERNARY_CPU_SMALL_M_MAX=0), the output poisoned. The AVX2
+    code runs on any CPU with AVX2 (TERNARY_CPU_ISA=avx2 on AVX-512 CPUs)."""
+    proc = _run_subprocess(
+        "import tests.test_kernel_cpu as t; t._check_shapes_here(); print('CHECKED')",
+        TERNARY_CPU_ISA="avx2", TERNARY_CPU_AVX2_GEMM=gemm, TERNARY_CPU_SMALL_M_MAX="0", TERNARY_CPU_POISON="1",
+    )
+    assert proc.returncode == 0 and "CHECKED" in proc.stdout, proc.stderr[-3000:]
+
+
+@needs_kernel_cpu
+def test_bad_avx2_gemm_request_is_named():
+    code = ("import torch, ternary_plugin._C; from ternary_plugin import format as f\n"
+            "torch.ops.ternary_serve.gemm(torch.randn(64, 8), f.pack_ternary(torch.zeros(4, 8, dtype=torch.int8)),"
+            " torch.ones(4, 1, dtype=torch.float16), None, 128, 0)")
+    proc = _run_subprocess(code, TERNARY_CPU_ISA="avx2", TERNARY_CPU_AVX2_GEMM="blas")
+    assert proc.returncode != 0 and "TERNARY_CPU_AVX2_GEMM=blas: must be auto, dot or mm" in proc.stderr, (
+        proc.stderr[-2000:])
+
+
 # bf16 x past small M takes one of three tile kernels (ternary_cpu.cpp: bf16_tile_kernel): oneDNN's
 # brgemm on our VNNI tile (AMX) below GEMM_MIN_M_AMX and oneDNN's GEMM on the dequantized tile from
 # it where AMX runs, the pair-major kernel elsewhere.

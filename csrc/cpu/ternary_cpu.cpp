@@ -118,6 +118,19 @@ int64_t small_m_max(bool bf16, bool avx2) {
   return forced >= 0 ? forced : avx2 ? kSmallMMaxAvx2 : bf16 ? kSmallMMaxBf16 : kSmallMMaxF32;
 }
 
+// The AVX2 code's GEMM past small M, on each thread's decoded fp32 tile: "dot" (tile_gemm_f32_avx2:
+// 3 x rows x 4 tile rows of 8-lane sums, no packing) to kAvx2DotMaxM rows, "mm" past it (at::mm_out:
+// MKL, which packs the tile it was just given, and then runs nearer the FMA peak). On the AVX2-only
+// AMD EPYC Zen 3 (benchmarks/results/cpu-kernel-avx2-dot-zen3.md, 1 thread, ms dot / mm): MiniLM qkv
+// M 12 0.22 / 0.34, M 32 0.58 / 0.87, M 128 1.49 / 1.63; up M 32 0.62 / 0.70, M 128 2.88 / 1.97;
+// Qwen3-0.6B gate_up M 12 3.47 / 4.66, M 48 11.4 / 9.5, M 512 95 / 76.
+// TERNARY_CPU_AVX2_GEMM=auto|dot|mm, read once per process, forces one.
+constexpr int64_t kAvx2DotMaxM = 32;
+std::string avx2_gemm(int64_t M) {
+  static const std::string forced = env_choice("TERNARY_CPU_AVX2_GEMM", {"auto", "dot", "mm"});
+  return forced != "auto" ? forced : M <= kAvx2DotMaxM ? "dot" : "mm";
+}
+
 // bf16 x past small M, on AVX-512 (ternary_cpu.cpp's regimes above): "pair" (the pair-major
 // tile and our vdpbf16ps loop), "brgemm" (the VNNI tile and oneDNN's batch-reduce GEMM: AMX tiles
 // where the CPU has AMX-BF16), "brgemm_kslice" (its K-slice variant: brgemm_kslice_tiles) or "gemm"
@@ -628,6 +641,22 @@ torch::Tensor gemm_cpu(const torch::Tensor& x,                  // [M, K] fp32 /
   const int64_t fit = std::max<int64_t>(64, kTileBytes / (kc * (bf16 ? 2 : 4)) / 64 * 64);
   const int64_t rows = std::min(fit, ((N + threads - 1) / threads + 15) / 16 * 16);  // >= `threads` tiles
   const int64_t tiles = (N + rows - 1) / rows;
+  if (avx2 && avx2_gemm(M) == "dot") {
+    const auto xin = x_as(x, kc, at::kFloat);  // [M, kc], zero past K
+    float* yf = yc.data_ptr<float>();          // [M, N]
+    at::parallel_for(0, tiles, 1, [&](int64_t t0, int64_t t1) {
+      float* tile = scratch<float>(kSlotTile, rows * kc);  // [rows, kc]
+      for (int64_t t = t0; t < t1; ++t) {
+        const int64_t n0 = t * rows, nt = std::min(rows, N - n0);
+        dequantize_rows_f32_avx2(p, n0, nt, tile, kc);
+        if (K < kc)  // the decode writes columns < K only; x is zero past K, the tile must not be NaN there
+          for (int64_t r = 0; r < nt; ++r) std::memset(tile + r * kc + K, 0, (kc - K) * sizeof(float));
+        tile_gemm_f32_avx2(xin.data_ptr<float>(), kc, M, tile, kc, nt, kc, p.bias ? p.bias + n0 : nullptr, yf + n0, N);
+      }
+    });
+    if (widen) y.copy_(yc);
+    return y;
+  }
   at::parallel_for(0, tiles, 1, [&](int64_t t0, int64_t t1) {
     // the worker threads start with fresh dispatch state: this is inference below autograd
     const at::AutoDispatchBelowADInplaceOrView below_autograd;

@@ -210,6 +210,11 @@ void store_rows_bf16(const float* c, int64_t ldc, int64_t rows, int64_t cols, co
 // The AVX2 versions (ternary_cpu_avx2.cpp): x in fp32 for every input dtype.
 void small_m_avx2(const Problem& p, const float* xf, int64_t ldx, float* y, int64_t t0, int64_t t1);
 void dequantize_rows_f32_avx2(const Problem& p, int64_t n0, int64_t rows, float* tile, int64_t ldt);
+// y[m, j] (ldy apart) = bias[j] + sum over k < kc of x[m, k] * tile[j, k], for M x rows (ldx apart,
+// zero past K) and tile rows j < nt (ldt apart, zero past K): the large-M regime's GEMM on a decoded
+// tile (TERNARY_CPU_AVX2_GEMM). bias: nt fp32 or nullptr.
+void tile_gemm_f32_avx2(const float* x, int64_t ldx, int64_t M, const float* tile, int64_t ldt, int64_t nt,
+                        int64_t kc, const float* bias, float* y, int64_t ldy);
 #endif
 
 }  // namespace ternary_cpu

@@ -161,6 +161,75 @@ TERNARY_AVX2 void dequantize_rows_f32_avx2(const Problem& p, int64_t n0, int64_t
   }
 }
 
+namespace {
+
+// kMT x rows against kNT tile rows over columns [0, kn) of both (x, w: already at the slice): kMT
+// x kNT fp32 sums of 8 lanes (12 ymm, with 3 x vectors and 1 weight vector 16), reduced by vhaddps
+// at the end and added to y (`add`) or to the bias. w: the kNT rows (a pointer repeated where the
+// tile has fewer rows left; only `nt` sums are stored).
+constexpr int kMT = 3, kNT = 4;
+template <int MT>
+TERNARY_AVX2 void dot_block(const float* x, int64_t ldx, const float* const* w, int64_t kn, int64_t nt, bool add,
+                            const float* bias, float* y, int64_t ldy) {
+  __m256 acc[MT][kNT];
+  for (int i = 0; i < MT; ++i)
+    for (int r = 0; r < kNT; ++r) acc[i][r] = _mm256_setzero_ps();
+  for (int64_t k = 0; k < kn; k += 8) {
+    __m256 xv[MT];
+    for (int i = 0; i < MT; ++i) xv[i] = _mm256_loadu_ps(x + i * ldx + k);
+    for (int r = 0; r < kNT; ++r) {
+      const __m256 wv = _mm256_loadu_ps(w[r] + k);
+      for (int i = 0; i < MT; ++i) acc[i][r] = _mm256_fmadd_ps(xv[i], wv, acc[i][r]);
+    }
+  }
+  for (int i = 0; i < MT; ++i) {
+    // [r0 r1 r2 r3] of each 128-bit half, then the halves added: the 4 sums
+    const __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(acc[i][0], acc[i][1]), _mm256_hadd_ps(acc[i][2], acc[i][3]));
+    const __m128 s = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+    float* out = y + i * ldy;
+    const float* base = add ? out : bias;
+    if (nt == kNT) {
+      _mm_storeu_ps(out, base ? _mm_add_ps(s, _mm_loadu_ps(base)) : s);
+    } else {
+      alignas(16) float v[4];
+      _mm_store_ps(v, s);
+      for (int64_t r = 0; r < nt; ++r) out[r] = v[r] + (base ? base[r] : 0.f);
+    }
+  }
+}
+
+// K in slices of about kDotKSliceCols columns (a multiple of 8): 4 tile rows (8 KB) and 3 x rows
+// (6 KB) of a slice stay in L1 while the x rows change; x rows in chunks of about kDotXBytes of a
+// slice stay in L2 while every group of 4 tile rows runs over them.
+constexpr int64_t kDotKSliceCols = 512;
+constexpr int64_t kDotXBytes = 192 * 1024;
+
+}  // namespace
+
+TERNARY_AVX2 void tile_gemm_f32_avx2(const float* x, int64_t ldx, int64_t M, const float* tile, int64_t ldt,
+                                     int64_t nt, int64_t kc, const float* bias, float* y, int64_t ldy) {
+  const int64_t slices = (kc + kDotKSliceCols - 1) / kDotKSliceCols;
+  const int64_t ks = (kc / slices + 7) / 8 * 8;
+  const int64_t mc = std::max<int64_t>(kMT, kDotXBytes / (ks * 4) / kMT * kMT);
+  for (int64_t k0 = 0; k0 < kc; k0 += ks) {
+    const int64_t kn = std::min(ks, kc - k0);
+    for (int64_t m0 = 0; m0 < M; m0 += mc) {
+      const int64_t m1 = std::min(M, m0 + mc);
+      for (int64_t j = 0; j < nt; j += kNT) {
+        const int64_t rows = std::min<int64_t>(kNT, nt - j);
+        const float* w[kNT];
+        for (int r = 0; r < kNT; ++r) w[r] = tile + (j + std::min<int64_t>(r, rows - 1)) * ldt + k0;
+        const float* b = bias ? bias + j : nullptr;
+        const float* xs = x + k0;
+        int64_t m = m0;
+        for (; m + kMT <= m1; m += kMT) dot_block<kMT>(xs + m * ldx, ldx, w, kn, rows, k0 > 0, b, y + m * ldy + j, ldy);
+        if (m1 - m == 2) dot_block<2>(xs + m * ldx, ldx, w, kn, rows, k0 > 0, b, y + m * ldy + j, ldy);
+        else if (m1 - m == 1) dot_block<1>(xs + m * ldx, ldx, w, kn, rows, k0 > 0, b, y + m * ldy + j, ldy);
+      }
+    }
+  }
+}
+
 #else  // not x86-64
 
 bool cpu_avx2_supported() { return false; }
