@@ -128,6 +128,7 @@ def bench_layer(model, layer, k, n, ms, threads, min_seconds, min_reps, w2a8=Tru
     w_bf16 = [w32.to(torch.bfloat16) for _ in range(copies)]
     w_fp32 = [w32.clone() for _ in range(copies)]
     vl = vllm_cpu_layers(w_bf16) if vllm else None
+    vl32 = vllm_cpu_layers(w_fp32) if vl else None  # what an fp32 engine runs (AVX2 CPUs: no bf16 dot product)
     rows = []
     fold_err: dict = {}
     for m in ms:
@@ -152,7 +153,8 @@ def bench_layer(model, layer, k, n, ms, threads, min_seconds, min_reps, w2a8=Tru
             ms_ = time_interleaved({
                 "bf16": lambda i: x["bf16"] @ w_bf16[i].t(),
                 "fp32": lambda i: x["fp32"] @ w_fp32[i].t(),
-                **({"vllm_bf16": lambda i: vl[i].cpu_linear(x["bf16"], vl[i].weight, None)} if vl else {}),
+                **({"vllm_bf16": lambda i: vl[i].cpu_linear(x["bf16"], vl[i].weight, None),
+                    "vllm_fp32": lambda i: vl32[i].cpu_linear(x["fp32"], vl32[i].weight, None)} if vl else {}),
                 **{f"tern_{name}": (lambda i, xd=xd, w=weights_of[f"tern_{name}"]: torch.ops.ternary_serve.gemm(
                     xd, w[0][i], w[1][i], None, 128, 0)) for name, xd in x.items()},
                 **{f"w2a8_{name}": (lambda i, xd=xd, w=weights_of[f"w2a8_{name}"]: torch.ops.ternary_serve.gemm_w2a8(
@@ -173,6 +175,11 @@ def bench_layer(model, layer, k, n, ms, threads, min_seconds, min_reps, w2a8=Tru
                     "vllm_bf16_ms": round(ms_["vllm_bf16"][0], 4) if vl else None,
                     "speedup_vs_vllm_bf16": round(ms_["vllm_bf16"][0] / tern[0], 3) if vl else None,
                     "speedup_w2a8_vs_vllm_bf16": round(ms_["vllm_bf16"][0] / ms_[f"w2a8_{name}"][0], 3)
+                    if vl and w2a8 else None,
+                    # vLLM-CPU's GEMM of the original in the row's dtype (an fp32 engine: vllm_fp32)
+                    "vllm_ms": round(ms_[f"vllm_{name}"][0], 4) if vl else None,
+                    "speedup_vs_vllm": round(ms_[f"vllm_{name}"][0] / tern[0], 3) if vl else None,
+                    "speedup_w2a8_vs_vllm": round(ms_[f"vllm_{name}"][0] / ms_[f"w2a8_{name}"][0], 3)
                     if vl and w2a8 else None,
                     # the W2A8 kernel on the same x (quantized inside the op), null where not timed
                     "w2a8_ms": round(ms_[f"w2a8_{name}"][0], 4) if w2a8 else None,
@@ -217,9 +224,10 @@ def markdown(meta: dict, rows: list[dict]) -> str:
            "block scales folded into int8 weights, the JSON's w2a8_kernel and w2a8_rel_err_vs_exact_scales; "
            "else AVX512-VNNI or AVX2, exact block scales; x in the row's dtype, quantized per "
            "token inside the op, its time included); `w2a8 vs bf16`: torch bf16 time / w2a8 time (median; "
-           "fastest calls in brackets); its target (Qwen3, M >= 128): >= 1.5. `vLLM bf16`: vLLM-CPU's own "
-           "GEMM for the bf16 original's layer (dispatch_cpu_unquantized_gemm: the weight prepacked for oneDNN, "
-           "or sgl's packed kernel), what the engine runs; `vs vLLM` and `w2a8 vs vLLM`: its time / ours.", ""]
+           "fastest calls in brackets); its target (Qwen3, M >= 128): >= 1.5. `vLLM`: vLLM-CPU's own "
+           "GEMM for the original's layer in the table's activation dtype (dispatch_cpu_unquantized_gemm: the "
+           "weight prepacked for oneDNN, or sgl's packed kernel), what an engine of that dtype runs; `vs vLLM` "
+           "and `w2a8 vs vLLM`: its time / ours.", ""]
     for dtype in ("bf16", "fp32"):
         for t in sorted({r["threads"] for r in rows}):
             sel = [r for r in rows if r["dtype"] == dtype and r["threads"] == t]
@@ -227,7 +235,7 @@ def markdown(meta: dict, rows: list[dict]) -> str:
                 continue
             out += [f"## {dtype} activations, {t} thread{'s' if t > 1 else ''}", "",
                     "| model | layer | K | N | M | ternary | torch bf16 | torch fp32 | vs bf16 | vs fp32 "
-                    "| vs bf16 (fastest) | target | w2a8 | w2a8 vs bf16 | w2a8 target | vLLM bf16 | vs vLLM "
+                    "| vs bf16 (fastest) | target | w2a8 | w2a8 vs bf16 | w2a8 target | vLLM | vs vLLM "
                     "| w2a8 vs vLLM |",
                     "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
             for r in sel:
@@ -237,9 +245,9 @@ def markdown(meta: dict, rows: list[dict]) -> str:
                 mark8 = "" if t8 is None else f">= {t8:g}: {'met' if r['speedup_w2a8_vs_bf16'] >= t8 else 'missed'}"
                 w8 = ("| | |" if r.get("w2a8_ms") is None else
                       f"| {r['w2a8_ms']:.3f} | {r['speedup_w2a8_vs_bf16']:.2f} ({r['speedup_w2a8_vs_bf16_min']:.2f}) |")
-                vl = ("| | |" if r.get("vllm_bf16_ms") is None else
-                      f"| {r['vllm_bf16_ms']:.3f} | {r['speedup_vs_vllm_bf16']:.2f} | "
-                      f"{'' if r.get('speedup_w2a8_vs_vllm_bf16') is None else format(r['speedup_w2a8_vs_vllm_bf16'], '.2f')} |")
+                vl = ("| | |" if r.get("vllm_ms") is None else
+                      f"| {r['vllm_ms']:.3f} | {r['speedup_vs_vllm']:.2f} | "
+                      f"{'' if r.get('speedup_w2a8_vs_vllm') is None else format(r['speedup_w2a8_vs_vllm'], '.2f')} |")
                 out.append(f"| {r['model']} | {r['layer']} | {r['K']} | {r['N']} | {r['M']} | {r['ternary_ms']:.3f} "
                            f"| {r['torch_bf16_ms']:.3f} | {r['torch_fp32_ms']:.3f} | {r['speedup_vs_bf16']:.2f} "
                            f"| {r['speedup_vs_fp32']:.2f} | {r['speedup_vs_bf16_min']:.2f} | {mark} {w8} {mark8} {vl}")
@@ -289,7 +297,7 @@ def main(argv=None) -> int:
     ap.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results")
     ap.add_argument("--name", default="cpu-kernel")
     ap.add_argument("--no-w2a8", action="store_true", help="leave out the W2A8 kernel (gemm_w2a8)")
-    ap.add_argument("--no-vllm", action="store_true", help="leave out vLLM-CPU's own bf16 GEMM")
+    ap.add_argument("--no-vllm", action="store_true", help="leave out vLLM-CPU's own GEMMs (bf16 and fp32)")
     args = ap.parse_args(argv)
     if ops.cpu_kernel_isa() is None:
         print(f"no CPU kernel here: {ops._state.get('cpu_why')}", file=sys.stderr)
@@ -314,7 +322,8 @@ def main(argv=None) -> int:
         "command": " ".join(["python benchmarks/bench_cpu_kernel.py", *(argv if argv is not None else sys.argv[1:])]),
         # what chose the instruction sets: ours (TERNARY_CPU_ISA) and oneDNN's / MKL's for torch's matmuls
         "env": {k: v for k, v in sorted(os.environ.items())
-                if k in ("TERNARY_CPU_ISA", "ONEDNN_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS", "OMP_NUM_THREADS")},
+                if k in ("TERNARY_CPU_ISA", "TERNARY_CPU_AVX2_GEMM", "TERNARY_CPU_SMALL_M_MAX", "ONEDNN_MAX_CPU_ISA",
+                         "MKL_ENABLE_INSTRUCTIONS", "OMP_NUM_THREADS")},
         "load_average_before_after": [round(load_before[0], 2), round(load_after[0], 2)],
         "machine_shared": shared,
         "load_note": ("The machine was shared with other work during the run (1-minute load average "
