@@ -88,3 +88,12 @@ def test_band_report_sums_the_four_layers_and_leaves_untimed_columns_empty():
     timed = [{**r, "ours_w2a8_us": 4.0, "ours_w2a8_folded_us": 2.0} for r in rows]
     assert per_layer(timed)[0]["speedup_ours_w2a8"] == 5.0  # 80 us of cuBLAS over 4 x 4 us
     assert per_layer(timed)[0]["speedup_ours_w2a8_folded"] == 10.0
+
+
+def test_band_results_are_named_after_the_gpu_that_ran_them():
+    from benchmarks.bench_band import default_name
+
+    assert default_name("NVIDIA H200") == "kernel-h200"
+    assert default_name("NVIDIA H100 80GB HBM3") == "kernel-h100"
+    assert default_name("NVIDIA A100-SXM4-80GB") == "kernel-a100"
+    assert default_name("NVIDIA GeForce RTX 4090") == "kernel-nvidia-geforce-rtx-4090"
