@@ -16,6 +16,7 @@
 #   bash benchmarks/gpu/gpu_e2e_run.sh setup s8_ab         # the s8 kernel of other commits (.e2e/ab/*, carried
 #                                                   # with .whl) and this checkout's, timed in one call
 #   bash benchmarks/gpu/gpu_e2e_run.sh setup s8_ab band_only   # then bench_band alone (BAND_ARGS)
+#   bash benchmarks/gpu/gpu_e2e_run.sh setup band_only gpu_tests  # then every kernel GPU test (not vLLM's)
 #   bash benchmarks/gpu/gpu_e2e_run.sh setup s8_grid       # the s8 kernel at every k_split (s8_grid.py; carry .whl)
 #   ORDER="mma floor" bash benchmarks/probes/run_probes.sh  # kernels alone, outside torch (seconds; no setup)
 #   bash benchmarks/gpu/gpu_e2e_run.sh setup humming_gemv  # the kernel over Humming's layout (band HG): tests,
@@ -264,6 +265,15 @@ stage_band_only() {
     ${BAND_ARGS:---models 8B 0.6B --ms 64 256 1024 4096 16384} > "$LOGS/bench_band.log" 2>&1 \
     || tail -30 "$LOGS/bench_band.log"
   grep -E "^8B|^0.6B" "$LOGS/bench_band.log" | tail -30
+}
+
+# Every GPU test of the kernels and backends outside vLLM (the graph tests inside vLLM: e2e8b_serve),
+# under the default dispatch, after the timed stages: $OUT/gpu_tests_all.log
+stage_gpu_tests() {
+  timeout ${GPU_TESTS_TIMEOUT:-240} python3 -X faulthandler -m pytest -q -p no:cacheprovider -m gpu \
+    tests/test_kernel_gpu.py tests/test_w2a8_gpu.py tests/test_humming_gpu.py tests/test_humming_gemv_gpu.py \
+    tests/test_graph_capture_gpu.py > "$OUT/gpu_tests_all.log" 2>&1
+  tail -2 "$OUT/gpu_tests_all.log"; grep -E "^FAILED|^ERROR" "$OUT/gpu_tests_all.log" | head -20
 }
 
 # The s8 kernel before and after a change, on one machine: every tree under .e2e/ab/ (ignored; made
