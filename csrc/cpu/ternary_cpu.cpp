@@ -630,9 +630,14 @@ torch::Tensor gemm_cpu(const torch::Tensor& x,                  // [M, K] fp32 /
   // So does bf16 x on AVX2. `widen`: x, y and bias in fp32 around the GEMM.
   const auto cdt = bf16 ? at::kBFloat16 : at::kFloat;
   const bool widen = dt != at::kFloat && cdt == at::kFloat;
-  const torch::Tensor xc = x.to(cdt);                                                           // [M, K]
+  // The AVX2 code's own GEMM (`dot`) reads x zero-padded to kc columns in fp32 (xd), the whole
+  // tile row and p.bias; at::mm_out reads x in the GEMM's dtype (xc), the tile's first K columns
+  // and bias as a tensor (bc).
+  const bool dot = avx2 && avx2_gemm(M) == "dot";
+  const torch::Tensor xd = dot ? x_as(x, kc, at::kFloat) : torch::Tensor();                   // [M, kc]
+  const torch::Tensor xc = dot ? torch::Tensor() : x.to(cdt);                                  // [M, K]
   const torch::Tensor yc = widen ? torch::empty({M, N}, x.options().dtype(at::kFloat)) : y;     // [M, N]
-  const torch::Tensor bc = bias ? (widen ? bias->to(at::kFloat) : *bias) : torch::Tensor();      // [N]
+  const torch::Tensor bc = bias && !dot ? (widen ? bias->to(at::kFloat) : *bias) : torch::Tensor();  // [N]
   // Tiles spread over the threads, each thread dequantizing its own tile and running its GEMM
   // single-threaded (OpenMP does not nest): one dequantize + GEMM pair a tile, no barrier
   // between them. Threading each GEMM instead, tile after tile, made 2 threads slower than 1
@@ -641,34 +646,27 @@ torch::Tensor gemm_cpu(const torch::Tensor& x,                  // [M, K] fp32 /
   const int64_t fit = std::max<int64_t>(64, kTileBytes / (kc * (bf16 ? 2 : 4)) / 64 * 64);
   const int64_t rows = std::min(fit, ((N + threads - 1) / threads + 15) / 16 * 16);  // >= `threads` tiles
   const int64_t tiles = (N + rows - 1) / rows;
-  if (avx2 && avx2_gemm(M) == "dot") {
-    const auto xin = x_as(x, kc, at::kFloat);  // [M, kc], zero past K
-    float* yf = yc.data_ptr<float>();          // [M, N]
-    at::parallel_for(0, tiles, 1, [&](int64_t t0, int64_t t1) {
-      float* tile = scratch<float>(kSlotTile, rows * kc);  // [rows, kc]
-      for (int64_t t = t0; t < t1; ++t) {
-        const int64_t n0 = t * rows, nt = std::min(rows, N - n0);
-        dequantize_rows_f32_avx2(p, n0, nt, tile, kc);
-        if (K < kc)  // the decode writes columns < K only; x is zero past K, the tile must not be NaN there
-          for (int64_t r = 0; r < nt; ++r) std::memset(tile + r * kc + K, 0, (kc - K) * sizeof(float));
-        tile_gemm_f32_avx2(xin.data_ptr<float>(), kc, M, tile, kc, nt, kc, p.bias ? p.bias + n0 : nullptr, yf + n0, N);
-      }
-    });
-    if (widen) y.copy_(yc);
-    return y;
-  }
   at::parallel_for(0, tiles, 1, [&](int64_t t0, int64_t t1) {
     // the worker threads start with fresh dispatch state: this is inference below autograd
     const at::AutoDispatchBelowADInplaceOrView below_autograd;
-    const auto tile = torch::empty({rows, kc}, x.options().dtype(cdt));  // [rows, kc], this thread's
+    void* buf = scratch(kSlotTile, rows * kc * (bf16 ? 2 : 4));
+    const auto tile = torch::from_blob(buf, {rows, kc}, x.options().dtype(cdt));  // [rows, kc], this thread's
     for (int64_t t = t0; t < t1; ++t) {
       const int64_t n0 = t * rows, nt = std::min(rows, N - n0);
       if (avx2) {
-        dequantize_rows_f32_avx2(p, n0, nt, tile.data_ptr<float>(), kc);
+        dequantize_rows_f32_avx2(p, n0, nt, static_cast<float*>(buf), kc);
       } else if (bf16) {
-        dequantize_rows_bf16(p, n0, nt, reinterpret_cast<uint16_t*>(tile.data_ptr<at::BFloat16>()), kc);
+        dequantize_rows_bf16(p, n0, nt, static_cast<uint16_t*>(buf), kc);
       } else {
-        dequantize_rows_f32(p, n0, nt, tile.data_ptr<float>(), kc);
+        dequantize_rows_f32(p, n0, nt, static_cast<float*>(buf), kc);
+      }
+      if (dot) {
+        float* tf = static_cast<float*>(buf);
+        if (K < kc)  // the decode writes columns < K only; x is zero past K, the tile must not be NaN there
+          for (int64_t r = 0; r < nt; ++r) std::memset(tf + r * kc + K, 0, (kc - K) * sizeof(float));
+        tile_gemm_f32_avx2(xd.data_ptr<float>(), kc, M, tf, kc, nt, kc, p.bias ? p.bias + n0 : nullptr,
+                           yc.data_ptr<float>() + n0, N);
+        continue;
       }
       const torch::Tensor w = tile.narrow(0, 0, nt).narrow(1, 0, K);  // [nt, K], row stride kc
       auto out = yc.narrow(1, n0, nt);                                 // [M, nt], row stride N
