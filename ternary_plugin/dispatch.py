@@ -79,6 +79,9 @@ LIMITS: tuple[Limit, ...] = (
           "int8 activations on Hopper: smallest M x N that takes this repository's s8 wgmma kernel on a layer that "
           "also holds Humming's layout, Humming's int2 x int8 below (band Q2; 1: ours at every M, no Humming layout; "
           "0: Humming at every M)"),
+    Limit("TERNARY_W2A8_WGMMA_MIN_M", 256,
+          "int8 activations on Hopper, a layer holding both layouts, N >= 4096: smallest M that takes the s8 wgmma "
+          "kernel whatever M x N (band Q2, beside TERNARY_W2A8_WGMMA_MIN_MN; 0: the M x N line alone)"),
     Limit("TERNARY_W2A8_BF16_MAX_M", 8,
           "int8 activations on a GPU: largest M that runs the bf16-activation op instead, faster there and exact "
           "in its activations (band QB; 0: never)"),
@@ -378,6 +381,17 @@ def _w2a8_takes_bf16(call: Call, lim: dict[str, int], layout: str) -> bool:
     return call.n < lim["TERNARY_W2A8_SMALL_S8_MIN_N"] or call.m * call.n < lim["TERNARY_W2A8_SMALL_S8_MIN_MN"]
 
 
+# Band Q2's M line holds on layers at least this wide: the widths it was measured on (8B's, N 4096-24576).
+Q2_MIN_M_MIN_N = 4096
+
+
+def _q2_takes(call: Call, lim: dict[str, int]) -> bool:
+    """Band Q2's lines: M from TERNARY_W2A8_WGMMA_MIN_M (0: off) where N >= Q2_MIN_M_MIN_N, or M x N from
+    TERNARY_W2A8_WGMMA_MIN_MN."""
+    min_m = lim["TERNARY_W2A8_WGMMA_MIN_M"]
+    return (0 < min_m <= call.m and call.n >= Q2_MIN_M_MIN_N) or lim["TERNARY_W2A8_WGMMA_MIN_MN"] <= call.m * call.n
+
+
 # The int8-activation mode (activation_dtype int8, per-token scales): first row that holds.
 W2A8_BANDS: tuple[Band, ...] = (
     Band("QB", "M <= TERNARY_W2A8_BF16_MAX_M (8); on a layer holding the ternary layout only, M <= "
@@ -405,17 +419,20 @@ W2A8_BANDS: tuple[Band, ...] = (
          "under the tile before, activations quantized with 16-byte loads)",
          lambda c, d, l, layout: layout == "ternary" and d.hopper and wgmma_s8_aligned(c)),
     Band("Q2", "the layer holds both layouts (plan_layout); compute capability 9.0, same alignment, "
-               "M x N >= TERNARY_W2A8_WGMMA_MIN_MN (3 x 2^20: 8B's gate_up from M 128, qkv from 512, o and down "
-               "from 768)",
+               "M >= TERNARY_W2A8_WGMMA_MIN_M (256) where N >= 4096, or M x N >= TERNARY_W2A8_WGMMA_MIN_MN "
+               "(3 x 2^20: 8B's gate_up from M 128)",
          WGMMA_S8, "wgmma s8",
-         "per 8B layer on the H200 against Humming's w2a8 with the tiles measured for it (kernel-h200-band.md, "
-         "2026-12-06, the s8 kernel with programmatic dependent launch): from 3 x 2^20 ours is the faster at every "
+         "per 8B layer against Humming's w2a8 with the tiles measured for it. H100, this kernel "
+         "(kernel-h100-band-decode.md, 2026-12-06): at M 256 ours on all four (down 38.1 vs 46.2 us, qkv 23.3 vs "
+         "23.6, o 18.1 vs 18.4, gate_up 56.1 vs 60.8: 135.5 against the M x N line's 144.2) and at M 1024; at M 64 "
+         "Humming's on o, gate_up and down (gate_up 29.7 vs 31.9); at M 128 (kernel-h100-band.md, one kernel change "
+         "earlier) Humming's on o and down (down 32.5 vs 35.5), ours on qkv and gate_up. H200 (kernel-h200-band.md, "
+         "two kernel changes earlier, which gained ~6 % at M 256 on the H100): from M x N 3 x 2^20 ours at every "
          "point but one tie (gate_up M 128 / 256 / 512 / 1024 36.0 / 58.9 / 92.6 / 174.3 vs 39.9 / 60.8 / 114.4 / "
-         "219.6 us, qkv M 512 36.5 vs 43.6, o M 1024 39.6 vs 43.4, down M 1024 101.2 vs 116.8, M 4096 all four; "
-         "qkv M 1024 61.2 vs 60.9); below it Humming's (down M 512 64.6 vs 62.4, o M 512 24.8 vs 24.4, down M 256 "
-         "42.0 vs 38.9). The H100 was last compared before that kernel (kernel-h100-w2a8.md: from 4096 x 4096)",
+         "219.6 us, qkv M 1024 61.2 vs 60.9); below it Humming's by 1-8 % then (down M 256 42.0 vs 38.9, M 512 "
+         "64.6 vs 62.4, o M 256 19.3 vs 18.6, M 512 24.8 vs 24.4), within ~1 % after the ~6 % (not yet measured)",
          lambda c, d, l, layout: (layout == "both" and d.hopper and wgmma_s8_aligned(c)
-                                  and 0 < l["TERNARY_W2A8_WGMMA_MIN_MN"] <= c.m * c.n)),
+                                  and l["TERNARY_W2A8_WGMMA_MIN_MN"] > 0 and _q2_takes(c, l))),
     Band("QH", "the layer holds Humming's layout (alone, or both below band Q2)", 0,
          "Humming int2 x int8 (activations quantized per token in its op); its tiles as in band H",
          "the peer kernel; the only int8 kernel off Hopper",
@@ -479,7 +496,7 @@ def plan_layout(n: int, k: int, block_size: int, k_offset: int, dev: Device, *, 
     as with bf16 activations (0.6B-sized layers: band QB's bf16-activation op, our kernels, beat both
     int8 kernels to M 64 by 1.2-2.4x and Humming's int2 x int8 gains at most ~14 % at M 256-1024 on
     them, kernel-h100.md), both where the layer is wide enough that our s8
-    kernel wins at some M up to 16384 (M x N >= TERNARY_W2A8_WGMMA_MIN_MN: against Humming's
+    kernel wins at some M up to 16384 (M >= TERNARY_W2A8_WGMMA_MIN_M or M x N >= TERNARY_W2A8_WGMMA_MIN_MN: against Humming's
     heuristic tiles and against the tiles humming_tiles.json measured alike, band Q2), Humming's
     alone where not; both does the same but keeps the ternary layout too (twice the packed bytes)
     and takes, per M, the kernel band H2 names; ternary never; humming wherever eligible (an error
@@ -512,11 +529,15 @@ def plan_layout(n: int, k: int, block_size: int, k_offset: int, dev: Device, *, 
         min_mn = lim["TERNARY_W2A8_WGMMA_MIN_MN"]
         if min_mn == 1:
             return "ternary", "int8 activations, TERNARY_W2A8_WGMMA_MIN_MN=1: this repository's s8 wgmma kernel at every M"
-        if min_mn == 0 or n * W2A8_MAX_M < min_mn:
+        min_m = lim["TERNARY_W2A8_WGMMA_MIN_M"]
+        by_m = min_m if min_m > 0 and n >= Q2_MIN_M_MIN_N else W2A8_MAX_M + 1
+        from_m = min(-(-min_mn // n), by_m) if min_mn > 0 else W2A8_MAX_M + 1
+        if from_m > W2A8_MAX_M:
             return "humming", (f"int8 activations: Humming's int2 x int8 at every M up to {W2A8_MAX_M} (N x M < "
-                               f"TERNARY_W2A8_WGMMA_MIN_MN {min_mn})")
-        return "both", (f"int8 activations: Humming's int2 x int8 below M x N {min_mn}, the s8 wgmma kernel from M "
-                        f"{-(-min_mn // n)} (twice the packed bytes: TERNARY_W2A8_WGMMA_MIN_MN=0 or 1 keeps one)")
+                               f"TERNARY_W2A8_WGMMA_MIN_MN {min_mn}, TERNARY_W2A8_WGMMA_MIN_M {min_m})")
+        return "both", (f"int8 activations: Humming's int2 x int8 below M {from_m}, the s8 wgmma kernel from M {from_m} "
+                        f"(TERNARY_W2A8_WGMMA_MIN_M {min_m}, TERNARY_W2A8_WGMMA_MIN_MN {min_mn}; twice the packed "
+                        f"bytes: TERNARY_W2A8_WGMMA_MIN_MN=0 or 1 keeps one)")
     if backend in ("auto", "both") and not large_layer(n, k, lim):
         return "ternary", f"N x K = {n * k} < TERNARY_HUMMING_MIN_WEIGHTS ({lim['TERNARY_HUMMING_MIN_WEIGHTS']})"
     if backend == "both":

@@ -177,6 +177,11 @@ def test_int8_activations_take_our_s8_kernel_on_hopper_and_hummings_elsewhere():
     assert d.plan_layout(256, 65536, 128, 0, H200, backend="auto", **kw)[0] == "both"
     layout, why = d.plan_layout(128, 131072, 128, 0, H200, backend="auto", **kw)
     assert layout == "humming" and "TERNARY_W2A8_WGMMA_MIN_MN" in why
+    # the M line (TERNARY_W2A8_WGMMA_MIN_M, on N >= 4096) starts the s8 kernel where M x N would start it later
+    assert "from M 256" in d.plan_layout(4096, 12288, 128, 0, H200, backend="auto", **kw)[1]
+    assert "from M 128" in d.plan_layout(24576, 4096, 128, 0, H200, backend="auto", **kw)[1]
+    no_m = {**kw, "lim": {**LIM, "TERNARY_W2A8_WGMMA_MIN_M": 0}}
+    assert "from M 768" in d.plan_layout(4096, 12288, 128, 0, H200, backend="auto", **no_m)[1]
     layout, why = d.plan_layout(6144, 1024, 128, 0, H200, backend="auto", **kw)
     assert layout == "ternary" and "TERNARY_HUMMING_MIN_WEIGHTS" in why
     assert d.plan_layout(4096, 3968, 128, 0, H200, backend="auto", **kw)[0] == "ternary"  # one block short
@@ -231,8 +236,16 @@ def test_int8_activations_take_our_s8_kernel_on_hopper_and_hummings_elsewhere():
     assert w2a8(16384, "ternary") == ("wgmma s8", "Q1", "ternary")
     assert w2a8(127, "both", n=24576) == ("humming int2", "QH", "humming")
     assert w2a8(128, "both", n=24576) == ("wgmma s8", "Q2", "ternary")
-    assert w2a8(767, "both", n=4096) == ("humming int2", "QH", "humming")
-    assert w2a8(768, "both", n=4096) == ("wgmma s8", "Q2", "ternary")
+    # from M 256 on layers of N >= 4096 whatever M x N (TERNARY_W2A8_WGMMA_MIN_M); 0 leaves the M x N line alone
+    assert w2a8(255, "both", n=4096) == ("humming int2", "QH", "humming")
+    assert w2a8(256, "both", n=4096) == ("wgmma s8", "Q2", "ternary")
+    assert w2a8(256, "both", n=4096, k=12288) == ("wgmma s8", "Q2", "ternary")
+    assert w2a8(2048, "both", n=1024) == ("humming int2", "QH", "humming")  # narrower: the M x N line alone
+    no_m = {**LIM, "TERNARY_W2A8_WGMMA_MIN_M": 0}
+    assert w2a8(767, "both", n=4096, lim=no_m) == ("humming int2", "QH", "humming")
+    assert w2a8(768, "both", n=4096, lim=no_m) == ("wgmma s8", "Q2", "ternary")
+    assert w2a8(16384, "both", n=24576, lim={**no_m, "TERNARY_W2A8_WGMMA_MIN_MN": 0})[1] == "QH"
+    assert w2a8(256, "both", n=4096, lim={**LIM, "TERNARY_W2A8_WGMMA_MIN_MN": 0})[1] == "QH"  # Humming at every M
     assert w2a8(3071, "both", n=1024) == ("humming int2", "QH", "humming")
     assert w2a8(3072, "both", n=1024) == ("wgmma s8", "Q2", "ternary")
     assert w2a8(16384, "both", n=24576, lim={**LIM, "TERNARY_W2A8_WGMMA_MIN_MN": 0}) == ("humming int2", "QH",
