@@ -24,7 +24,7 @@ back-to-back calls, inputs rotated past 2x L2, median of --replays replays):
 - ternary_w2a8_us: the plugin's int8-activation mode (dispatch.plan_layout / plan_w2a8: our s8 kernel
   or Humming's int2 x int8; null where no W2A8 kernel serves the layer).
 Every variant is checked against a float64 reference before it is timed (relative error in the row).
-`per_layer` sums the four layers per (model, M). Writes kernel-<gpu>.{json,md} (kernel-h200, kernel-h100) (and the PNG through
+`per_layer` sums the four layers per (model, M). Writes kernel-<gpu>.{json,md} (kernel-h200, kernel-h100; --name kernel-{gpu}-band: kernel-h200-band) (and the PNG through
 benchmarks/plot_kernel.py --band).
 """
 
@@ -330,10 +330,15 @@ def warm_all(models: list[str], ms: list[int]) -> None:
     print(f"humming warm-up: {len(procs)} layers in {time.time() - t0:.0f} s, exit codes {codes}", flush=True)
 
 
-def default_name(gpu: str) -> str:
-    """kernel-h200 on an "NVIDIA H200", kernel-h100 on an "NVIDIA H100 80GB HBM3"; else the name's words."""
+def gpu_short(gpu: str) -> str:
+    """h200 for an "NVIDIA H200", h100 for an "NVIDIA H100 80GB HBM3"; else the name's words."""
     found = re.search(r"\b([A-Z]{1,2}\d{2,4})\b", gpu)
-    return "kernel-" + (found.group(1).lower() if found else re.sub(r"[^a-z0-9]+", "-", gpu.lower()).strip("-"))
+    return found.group(1).lower() if found else re.sub(r"[^a-z0-9]+", "-", gpu.lower()).strip("-")
+
+
+def result_name(pattern: str, gpu: str) -> str:
+    """--name with {gpu} replaced by gpu_short: kernel-{gpu} is kernel-h200 on an H200."""
+    return pattern.replace("{gpu}", gpu_short(gpu))
 
 
 def main(argv=None) -> int:
@@ -342,7 +347,8 @@ def main(argv=None) -> int:
     ap.add_argument("--ms", type=int, nargs="+", default=MS)
     ap.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
     ap.add_argument("--replays", type=int, default=30)
-    ap.add_argument("--name", help="result file name (default kernel-<gpu>: kernel-h200, kernel-h100)")
+    ap.add_argument("--name", default="kernel-{gpu}",
+                    help="result file name; {gpu} is the GPU's short name (h200, h100): kernel-h200 on an H200")
     ap.add_argument("--s8-sweep", action="store_true", help="time the s8 kernel at every k_split where M <= 1024")
     ap.add_argument("--warm", nargs=2, metavar=("MODEL", "LAYER"), help=argparse.SUPPRESS)
     ap.add_argument("--derive", type=Path, metavar="JSON", help="recompute a result's derived columns, then exit")
@@ -373,7 +379,7 @@ def main(argv=None) -> int:
         humming_version = version("humming-kernels")
     props = torch.cuda.get_device_properties(0)
     l2 = getattr(props, "L2_cache_size", 50 << 20)
-    args.name = args.name or default_name(torch.cuda.get_device_name(0))
+    args.name = result_name(args.name, torch.cuda.get_device_name(0))
     t0 = time.time()
     result = {"gpu": torch.cuda.get_device_name(0), "sms": props.multi_processor_count, "l2_bytes": l2,
               "capability": [props.major, props.minor],

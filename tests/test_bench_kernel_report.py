@@ -91,9 +91,10 @@ def test_band_report_sums_the_four_layers_and_leaves_untimed_columns_empty():
 
 
 def test_band_results_are_named_after_the_gpu_that_ran_them():
-    from benchmarks.bench_band import default_name
+    from benchmarks.bench_band import result_name
 
-    assert default_name("NVIDIA H200") == "kernel-h200"
-    assert default_name("NVIDIA H100 80GB HBM3") == "kernel-h100"
-    assert default_name("NVIDIA A100-SXM4-80GB") == "kernel-a100"
-    assert default_name("NVIDIA GeForce RTX 4090") == "kernel-nvidia-geforce-rtx-4090"
+    assert result_name("kernel-{gpu}", "NVIDIA H200") == "kernel-h200"
+    assert result_name("kernel-{gpu}", "NVIDIA H100 80GB HBM3") == "kernel-h100"
+    assert result_name("kernel-{gpu}-band", "NVIDIA A100-SXM4-80GB") == "kernel-a100-band"
+    assert result_name("kernel-{gpu}", "NVIDIA GeForce RTX 4090") == "kernel-nvidia-geforce-rtx-4090"
+    assert result_name("kernel-h200-detail", "NVIDIA H100 80GB HBM3") == "kernel-h200-detail"  # as given
