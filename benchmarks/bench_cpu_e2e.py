@@ -30,6 +30,9 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 WORK = REPO / ".e2e" / "cpu"
+# One engine's run, start to end. The float32 Qwen3-0.6B-shaped original on the 2-core AVX2 EPYC
+# (2026-12-06): 336 s of engine start, ~210 s a batch of 512 (bench_e2e.POINT_BUDGET_S then times 2)
+ENGINE_TIMEOUT_S = 1800
 
 
 def cpu_info() -> dict:
@@ -87,7 +90,7 @@ def run_engine(model: Path, label: str, reference: bool, hf_overrides: dict | No
            "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
     t = time.time()
     with open(log, "w") as f:  # a file, not a pipe: vLLM's children can hold a pipe open
-        proc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, timeout=1800, cwd=REPO, env=env)
+        proc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, timeout=ENGINE_TIMEOUT_S, cwd=REPO, env=env)
     if proc.returncode != 0:
         raise SystemExit(f"{label}: exit {proc.returncode}, see {log}")
     result = json.loads(out.read_text())

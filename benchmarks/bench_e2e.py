@@ -138,6 +138,7 @@ def _timed(fn, reps: int) -> list[float]:
     return times
 
 
+POINT_BUDGET_S = 150  # timed seconds a (length, batch) point may take before it runs fewer calls
 CPU_SWEEP = ((32,), (1, 16, 512))  # the CPU issue's ~30-token inputs at batch 1 / 16 / 512
 
 
@@ -190,10 +191,12 @@ def offline(model: Path, label: str, out: Path, reference: bool, quick: bool = F
     for length in [n for n in lengths if n <= max_len]:
         for batch in batches:
             ps = prompts(batch, length)
-            llm.embed(ps, use_tqdm=False)  # warm-up (and CUDA-graph shapes)
-            reps = 10 if batch * length <= 4096 else 5
+            warm = _timed(lambda: llm.embed(ps, use_tqdm=False), 1)[0]  # warm-up (and CUDA-graph shapes)
+            # 10 or 5 timed calls, fewer (at least 2) where they would take over POINT_BUDGET_S: a
+            # float32 Qwen3-0.6B-shaped engine on a 2-core AVX2 CPU takes ~210 s a batch of 512
+            reps = max(2, min(10 if batch * length <= 4096 else 5, int(POINT_BUDGET_S / max(warm, 1e-9))))
             t = statistics.median(_timed(lambda: llm.embed(ps, use_tqdm=False), reps))
-            rows.append({"seq_len": length, "batch": batch, "seconds": round(t, 5),
+            rows.append({"seq_len": length, "batch": batch, "seconds": round(t, 5), "reps": reps,
                          "tokens_per_s": round(batch * length / t, 1), "inputs_per_s": round(batch / t, 1)})
             print(f"{label} len {length} batch {batch}: {batch * length / t:,.0f} tok/s", flush=True)
     result["throughput"] = rows
