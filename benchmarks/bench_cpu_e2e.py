@@ -83,6 +83,7 @@ def run_engine(model: Path, label: str, reference: bool, hf_overrides: dict | No
         cmd += ["--hf-overrides", json.dumps(hf_overrides)]
     cmd += ["--dtype", dtype]
     import os
+    import signal
 
     from ternary_plugin import envs
 
@@ -90,7 +91,15 @@ def run_engine(model: Path, label: str, reference: bool, hf_overrides: dict | No
            "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
     t = time.time()
     with open(log, "w") as f:  # a file, not a pipe: vLLM's children can hold a pipe open
-        proc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, timeout=ENGINE_TIMEOUT_S, cwd=REPO, env=env)
+        # its own process group: on a timeout the engine's EngineCore and worker go with it (killing
+        # the script alone left them holding 5 GB and, while a call ran, a core; 2026-12-06)
+        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, cwd=REPO, env=env, start_new_session=True)
+        try:
+            proc.wait(timeout=ENGINE_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            raise SystemExit(f"{label}: no result within {ENGINE_TIMEOUT_S} s, see {log}") from None
     if proc.returncode != 0:
         raise SystemExit(f"{label}: exit {proc.returncode}, see {log}")
     result = json.loads(out.read_text())
