@@ -385,11 +385,20 @@ def _w2a8_takes_bf16(call: Call, lim: dict[str, int], layout: str) -> bool:
 Q2_MIN_M_MIN_N = 4096
 
 
+def q2_from_m(n: int, lim: dict[str, int]) -> int | None:
+    """Band Q2's first M on a layer N wide: where M x N reaches TERNARY_W2A8_WGMMA_MIN_MN, or from
+    TERNARY_W2A8_WGMMA_MIN_M (0: off) where N >= Q2_MIN_M_MIN_N, whichever comes first; None where
+    TERNARY_W2A8_WGMMA_MIN_MN is 0 (Humming at every M)."""
+    min_mn, min_m = lim["TERNARY_W2A8_WGMMA_MIN_MN"], lim["TERNARY_W2A8_WGMMA_MIN_M"]
+    if min_mn == 0:
+        return None
+    by_mn = -(-min_mn // n)
+    return min(by_mn, min_m) if min_m > 0 and n >= Q2_MIN_M_MIN_N else by_mn
+
+
 def _q2_takes(call: Call, lim: dict[str, int]) -> bool:
-    """Band Q2's lines: M from TERNARY_W2A8_WGMMA_MIN_M (0: off) where N >= Q2_MIN_M_MIN_N, or M x N from
-    TERNARY_W2A8_WGMMA_MIN_MN."""
-    min_m = lim["TERNARY_W2A8_WGMMA_MIN_M"]
-    return (0 < min_m <= call.m and call.n >= Q2_MIN_M_MIN_N) or lim["TERNARY_W2A8_WGMMA_MIN_MN"] <= call.m * call.n
+    first = q2_from_m(call.n, lim)
+    return first is not None and call.m >= first
 
 
 # The int8-activation mode (activation_dtype int8, per-token scales): first row that holds.
@@ -432,7 +441,7 @@ W2A8_BANDS: tuple[Band, ...] = (
          "219.6 us, qkv M 1024 61.2 vs 60.9); below it Humming's by 1-8 % then (down M 256 42.0 vs 38.9, M 512 "
          "64.6 vs 62.4, o M 256 19.3 vs 18.6, M 512 24.8 vs 24.4), within ~1 % after the ~6 % (not yet measured)",
          lambda c, d, l, layout: (layout == "both" and d.hopper and wgmma_s8_aligned(c)
-                                  and l["TERNARY_W2A8_WGMMA_MIN_MN"] > 0 and _q2_takes(c, l))),
+                                  and _q2_takes(c, l))),
     Band("QH", "the layer holds Humming's layout (alone, or both below band Q2)", 0,
          "Humming int2 x int8 (activations quantized per token in its op); its tiles as in band H",
          "the peer kernel; the only int8 kernel off Hopper",
@@ -530,9 +539,8 @@ def plan_layout(n: int, k: int, block_size: int, k_offset: int, dev: Device, *, 
         if min_mn == 1:
             return "ternary", "int8 activations, TERNARY_W2A8_WGMMA_MIN_MN=1: this repository's s8 wgmma kernel at every M"
         min_m = lim["TERNARY_W2A8_WGMMA_MIN_M"]
-        by_m = min_m if min_m > 0 and n >= Q2_MIN_M_MIN_N else W2A8_MAX_M + 1
-        from_m = min(-(-min_mn // n), by_m) if min_mn > 0 else W2A8_MAX_M + 1
-        if from_m > W2A8_MAX_M:
+        from_m = q2_from_m(n, lim)
+        if from_m is None or from_m > W2A8_MAX_M:
             return "humming", (f"int8 activations: Humming's int2 x int8 at every M up to {W2A8_MAX_M} (N x M < "
                                f"TERNARY_W2A8_WGMMA_MIN_MN {min_mn}, TERNARY_W2A8_WGMMA_MIN_M {min_m})")
         return "both", (f"int8 activations: Humming's int2 x int8 below M {from_m}, the s8 wgmma kernel from M {from_m} "
