@@ -30,8 +30,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 WORK = REPO / ".e2e" / "cpu"
-# One engine's run, start to end. The float32 Qwen3-0.6B-shaped original on the 2-core AVX2 EPYC
-# (2026-12-06): 336 s of engine start, ~210 s a batch of 512 (bench_e2e.POINT_BUDGET_S then times 2)
+# One engine's run, start to end; bench_e2e.POINT_BUDGET_S keeps a slow engine's large batches inside
+# it (cpu-e2e-qwen3-zen3-fp32.md: a float32 Qwen3-shaped engine on two AVX2 cores)
 ENGINE_TIMEOUT_S = 1800
 
 
@@ -91,8 +91,8 @@ def run_engine(model: Path, label: str, reference: bool, hf_overrides: dict | No
            "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
     t = time.time()
     with open(log, "w") as f:  # a file, not a pipe: vLLM's children can hold a pipe open
-        # its own process group: on a timeout the engine's EngineCore and worker go with it (killing
-        # the script alone left them holding 5 GB and, while a call ran, a core; 2026-12-06)
+        # its own process group, so that a timeout ends vLLM's EngineCore and worker too: they
+        # outlive a killed parent
         proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, cwd=REPO, env=env, start_new_session=True)
         try:
             proc.wait(timeout=ENGINE_TIMEOUT_S)

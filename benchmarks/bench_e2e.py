@@ -192,8 +192,8 @@ def offline(model: Path, label: str, out: Path, reference: bool, quick: bool = F
         for batch in batches:
             ps = prompts(batch, length)
             warm = _timed(lambda: llm.embed(ps, use_tqdm=False), 1)[0]  # warm-up (and CUDA-graph shapes)
-            # 10 or 5 timed calls, fewer (at least 2) where they would take over POINT_BUDGET_S: a
-            # float32 Qwen3-0.6B-shaped engine on a 2-core AVX2 CPU takes ~210 s a batch of 512
+            # 10 or 5 timed calls, fewer (at least 2) where they would take over POINT_BUDGET_S (a
+            # float32 0.6B-sized engine on two CPU cores takes minutes a batch of 512)
             reps = max(2, min(10 if batch * length <= 4096 else 5, int(POINT_BUDGET_S / max(warm, 1e-9))))
             t = statistics.median(_timed(lambda: llm.embed(ps, use_tqdm=False), reps))
             rows.append({"seq_len": length, "batch": batch, "seconds": round(t, 5), "reps": reps,
