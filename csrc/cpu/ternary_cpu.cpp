@@ -643,13 +643,14 @@ torch::Tensor gemm_cpu(const torch::Tensor& x,                  // [M, K] fp32 /
   // between them. Threading each GEMM instead, tile after tile, made 2 threads slower than 1
   // (MiniLM up M 64 bf16: 0.77 vs 0.47 ms; Qwen3 down M 64: 4.0 vs 3.0 ms).
   const int64_t threads = at::get_num_threads();
-  const int64_t fit = std::max<int64_t>(64, kTileBytes / (kc * (bf16 ? 2 : 4)) / 64 * 64);
+  const int64_t esize = bf16 ? 2 : 4;  // bytes of a tile element (cdt)
+  const int64_t fit = std::max<int64_t>(64, kTileBytes / (kc * esize) / 64 * 64);
   const int64_t rows = std::min(fit, ((N + threads - 1) / threads + 15) / 16 * 16);  // >= `threads` tiles
   const int64_t tiles = (N + rows - 1) / rows;
   at::parallel_for(0, tiles, 1, [&](int64_t t0, int64_t t1) {
     // the worker threads start with fresh dispatch state: this is inference below autograd
     const at::AutoDispatchBelowADInplaceOrView below_autograd;
-    void* buf = scratch(kSlotTile, rows * kc * (bf16 ? 2 : 4));
+    void* buf = scratch(kSlotTile, rows * kc * esize);
     const auto tile = torch::from_blob(buf, {rows, kc}, x.options().dtype(cdt));  // [rows, kc], this thread's
     for (int64_t t = t0; t < t1; ++t) {
       const int64_t n0 = t * rows, nt = std::min(rows, N - n0);
