@@ -269,11 +269,15 @@ stage_band_only() {
 
 # Every GPU test of the kernels and backends outside vLLM (the graph tests inside vLLM: e2e8b_serve),
 # under the default dispatch, after the timed stages: $OUT/gpu_tests_all.log
+# The stage's status is pytest's (124: the timeout), not the listing's grep, which finds nothing
+# where every test passed.
 stage_gpu_tests() {
+  local rc=0
   timeout ${GPU_TESTS_TIMEOUT:-240} python3 -X faulthandler -m pytest -q -p no:cacheprovider -m gpu \
     tests/test_kernel_gpu.py tests/test_w2a8_gpu.py tests/test_humming_gpu.py tests/test_humming_gemv_gpu.py \
-    tests/test_graph_capture_gpu.py > "$OUT/gpu_tests_all.log" 2>&1
+    tests/test_graph_capture_gpu.py > "$OUT/gpu_tests_all.log" 2>&1 || rc=$?
   tail -2 "$OUT/gpu_tests_all.log"; grep -E "^FAILED|^ERROR" "$OUT/gpu_tests_all.log" | head -20
+  return $rc
 }
 
 # The s8 kernel before and after a change, on one machine: every tree under .e2e/ab/ (ignored; made
