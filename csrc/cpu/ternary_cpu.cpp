@@ -699,6 +699,8 @@ const std::string& w2a8_isa() {
 // 2-core AMD EPYC (Zen 4, shared, 1 thread; see docs/kernel.md "W2A8 on CPU"), Qwen3-0.6B
 // gate_up / down and MiniLM up, ms, decode / tile: M 1 0.32 / 0.39, 0.16 / 0.18, 0.05 / 0.03; M 2
 // 0.28 / 0.37, 0.15 / 0.15, 0.06 / 0.03; M 3 0.49 / 0.30, 0.29 / 0.21, 0.08 / 0.04 (noisy).
+// The AVX2 code on Zen 3 (its 16-row k-step tile, 1 thread), the same layers: M 1 0.21 / 0.32,
+// 0.11 / 0.17, 0.030 / 0.036; M 2 0.37 / 0.37, 0.20 / 0.20, 0.049 / 0.041; M 3 0.40-0.43 / 0.40.
 // TERNARY_CPU_W2A8_SMALL_M_MAX (read once per process) overrides it.
 constexpr int64_t kW8SmallMMax = 2;
 // The u8 tile a thread decodes: about a quarter of Zen 4's 1 MB L2, leaving room for x's rows.
@@ -920,15 +922,14 @@ torch::Tensor gemm_w2a8_cpu(const torch::Tensor& x,                   // [M, K] 
       finish(4 * t0, std::min(N, 4 * t1));
     });
   } else if (avx2) {
-    // tiles of <= kW8TileBytes in multiples of 4 rows (the register block)
-    const int64_t row_tile = E * kW8Chunk;
-    const int64_t rows = balanced_tile_rows(
-        N, std::max<int64_t>(4, kW8TileBytes / std::max<int64_t>(row_tile, 1) / 4 * 4), threads, 4);
+    // tiles of <= kW8TileBytes in multiples of 16 rows (the register block)
+    const int64_t rows = balanced_tile_rows(N, w8_tile_rows_avx2(E, kW8TileBytes), threads, 16);
     const int64_t tiles = (N + rows - 1) / rows;
     at::parallel_for(0, tiles, 1, [&](int64_t t0, int64_t t1) {
-      uint8_t* tile = scratch<uint8_t>(kSlotTile, rows * row_tile);  // [rows, E, 64] u8
+      uint8_t* tile = scratch<uint8_t>(kSlotTile, rows * E * kW8Chunk);       // [rows / 16, E, 16, 16, 4] u8
+      float* ws_tile = scratch<float>(kSlotTileScales, rows / 16 * S * 16);   // [rows / 16, S, 16] fp32 scales
       for (int64_t t = t0; t < t1; ++t)
-        w8_rows_tile_avx2(p, t * rows, std::min(N, (t + 1) * rows), tile, yp);
+        w8_rows_tile_avx2(p, t * rows, std::min(N, (t + 1) * rows), tile, ws_tile, yp);
       finish(t0 * rows, std::min(N, t1 * rows));
     });
   } else {
