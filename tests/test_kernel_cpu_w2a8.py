@@ -194,9 +194,11 @@ def _quantize_inputs(g: torch.Generator) -> dict[str, torch.Tensor]:
     ties = torch.randint(-254, 255, (6, k), generator=g).float()
     ties[:, 0] = 254.0  # absmax 254: sx = 2 exactly, x / sx = every half-integer: round half to even
     tiny = torch.randn(3, k, generator=g) * 1e-43  # absmax / 127 underflows to 0: sx = 1, xq = 0
+    # absmax ~3e-37: sx subnormal, 1 / sx overflows, so every element is divided
+    subnormal_sx = torch.randn(3, k, generator=g) * 1e-37
     mixed = torch.randn(40, k, generator=g) * torch.rand(40, 1, generator=g) * 100
     mixed[3] = 0.0  # an all-zero row
-    return {"ties": ties, "tiny": tiny, "fp32": mixed, "bf16": mixed.bfloat16(), "fp16": mixed.half(),
+    return {"ties": ties, "tiny": tiny, "subnormal sx": subnormal_sx, "fp32": mixed, "bf16": mixed.bfloat16(), "fp16": mixed.half(),
             "K 1": mixed[:, :1].contiguous(), "K 70": mixed[:, :70].contiguous()}
 
 

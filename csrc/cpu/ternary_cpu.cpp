@@ -756,12 +756,12 @@ void check_w8_x(const torch::Tensor& x, const char* op) {
 // widened and quantized in this thread's scratch. One region, not a chain of ATen ops (x.to,
 // zeros, ...) each its own: on the shared 2-core machine every region waits whenever another
 // process holds a core, and the chain made 2-thread calls 3-6x slower than torch's matmul.
-//   vnni: the AVX512-VNNI code's row functions, else the scalar ones (the AVX2 kernel's)
+//   vnni: the AVX512-VNNI code's row functions, else the AVX2 code's
 void quantize_rows(const torch::Tensor& x, bool vnni, float* sx, int8_t* q, const W8Plan* plan, int8_t* xe,
                    int32_t* negsum) {
-  const auto widen = vnni ? w8_widen_row : w8_widen_row_scalar;
-  const auto quantize = vnni ? w8_quantize_row : w8_quantize_row_scalar;
-  const auto entries = vnni ? w8_entries_row : w8_entries_row_scalar;
+  const auto widen = vnni ? w8_widen_row : w8_widen_row_avx2;
+  const auto quantize = vnni ? w8_quantize_row : w8_quantize_row_avx2;
+  const auto entries = vnni ? w8_entries_row : w8_entries_row_avx2;
   const int64_t M = x.size(0), K = x.size(1), esz = x.element_size();
   const int kind = x.scalar_type() == at::kFloat ? 0 : x.scalar_type() == at::kBFloat16 ? 1 : 2;
   const char* xp = static_cast<const char*>(x.data_ptr());

@@ -165,13 +165,13 @@ void store_rows_w8(const int32_t* c, int64_t ldc, int64_t rows, int64_t cols, co
                    const float* ws, const float* bias, void* y, int64_t ldy, int y_kind, bool stream);
 
 // The AVX2 versions (ternary_cpu_w2a8_avx2.cpp; cpu_avx2_supported), width 64 in both regimes:
-// the same arguments, results and layouts (the row functions scalar, F16C for fp16), except the
+// the same arguments, results and layouts, except the
 // tile: [ceil(rows / 16), E, 16 k-steps, 16 rows, 4] u8 (an entry's u in the decoder's order, a
 // k-step 4 of its bytes), ws_tile [ceil(rows / 16), S, 16] fp32, and y fp32 whatever x's dtype.
 // w8_tile_rows_avx2: rows a tile of <= `bytes` holds (a multiple of 16).
-float w8_quantize_row_scalar(const float* x, int64_t K, int8_t* q);
-void w8_widen_row_scalar(const void* x, int kind, int64_t K, float* out);
-void w8_entries_row_scalar(const W8Plan& plan, const int8_t* q, int8_t* xe_row, int32_t* negsum_row);
+float w8_quantize_row_avx2(const float* x, int64_t K, int8_t* q);
+void w8_widen_row_avx2(const void* x, int kind, int64_t K, float* out);
+void w8_entries_row_avx2(const W8Plan& plan, const int8_t* q, int8_t* xe_row, int32_t* negsum_row);  // width 64
 void w8_rows_decode_avx2(const W8Problem& p, int64_t n0, int64_t n1, float* y);
 void w8_rows_tile_avx2(const W8Problem& p, int64_t n0, int64_t n1, uint8_t* tile, float* ws_tile, float* y);
 int64_t w8_tile_rows_avx2(int64_t E, int64_t bytes);

@@ -47,28 +47,87 @@ namespace ternary_cpu {
 
 #ifdef TERNARY_CPU_KERNELS
 
-float w8_quantize_row_scalar(const float* x, int64_t K, int8_t* q) {
-  float amax = 0.f;
-  for (int64_t k = 0; k < K; ++k) amax = std::max(amax, std::fabs(x[k]));
+namespace {
+
+// One element as the vector code below quantizes it: x / sx by division, rounded half to even
+// (the default rounding mode) like torch.round, clamped to +-127; NaN -127 (vcvtps2dq's INT_MIN,
+// clamped).
+inline int8_t quantize1(float x, float sx) {
+  const float r = std::nearbyint(x / sx);
+  return r == r ? static_cast<int8_t>(std::clamp(r, -127.f, 127.f)) : -127;
+}
+
+// xq of 8 elements as int32, clamped to +-127: the VNNI code's quantize16 (ternary_cpu_w2a8.cpp
+// says why x * fl(1 / sx) gives the quotient's rounding unless it lies within 2^-21 |t| of a
+// half-integer, where the vector is divided).
+TERNARY_W8_AVX2 inline __m256i quantize8(__m256 xv, __m256 vs, __m256 vinv, bool fast) {
+  __m256 v;
+  if (fast) {
+    v = _mm256_mul_ps(xv, vinv);
+    asm("" : "+x"(v));
+    const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
+    const __m256 frac = _mm256_sub_ps(v, _mm256_round_ps(v, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC));
+    const __m256 dist = _mm256_and_ps(_mm256_sub_ps(frac, _mm256_set1_ps(0.5f)), abs_mask);
+    const __m256 near = _mm256_cmp_ps(dist, _mm256_mul_ps(_mm256_and_ps(v, abs_mask), _mm256_set1_ps(0x1p-21f)),
+                                      _CMP_LE_OQ);
+    if (_mm256_movemask_ps(near)) v = _mm256_div_ps(xv, vs);
+  } else {
+    v = _mm256_div_ps(xv, vs);
+  }
+  const __m256i r = _mm256_cvtps_epi32(_mm256_round_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+  return _mm256_max_epi32(_mm256_set1_epi32(-127), _mm256_min_epi32(_mm256_set1_epi32(127), r));
+}
+
+}  // namespace
+
+TERNARY_W8_AVX2 float w8_quantize_row_avx2(const float* x, int64_t K, int8_t* q) {
+  // absmax with NaN skipped (vmaxps returns its second operand, amax, where x is NaN), as
+  // std::max(amax, |x|) does in the tail
+  const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
+  __m256 am[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+  int64_t k = 0;
+  for (; k + 32 <= K; k += 32)  // four chains: one vmaxps chain waits its latency a vector
+    for (int i = 0; i < 4; ++i) am[i] = _mm256_max_ps(_mm256_and_ps(_mm256_loadu_ps(x + k + 8 * i), abs_mask), am[i]);
+  for (; k + 8 <= K; k += 8) am[0] = _mm256_max_ps(_mm256_and_ps(_mm256_loadu_ps(x + k), abs_mask), am[0]);
+  const __m256 m8 = _mm256_max_ps(_mm256_max_ps(am[0], am[1]), _mm256_max_ps(am[2], am[3]));
+  const __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m8), _mm256_extractf128_ps(m8, 1));
+  const __m128 m2 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+  float amax = _mm_cvtss_f32(_mm_max_ss(m2, _mm_movehdup_ps(m2)));
+  for (; k < K; ++k) amax = std::max(amax, std::fabs(x[k]));
   // as torch: fp32 absmax / 127 (IEEE division), 1 where that is 0
   float sx = amax / 127.0f;
   if (!(sx > 0.f)) sx = 1.f;
-  for (int64_t k = 0; k < K; ++k) {
-    // x / sx by division, rounded half to even (the default rounding mode) like torch.round
-    const float r = std::nearbyint(x[k] / sx);
-    q[k] = r == r ? static_cast<int8_t>(std::clamp(r, -127.f, 127.f)) : -127;  // NaN: as vcvtps2dq's INT_MIN, clamped
+  const float inv = 1.f / sx;
+  const bool fast = std::isfinite(inv);  // a subnormal sx: 1 / sx overflows, divide all
+  const __m256 vs = _mm256_set1_ps(sx), vinv = _mm256_set1_ps(inv);
+  // 32 a step: four int32 vectors packed to bytes (vpackssdw / vpacksswb interleave the 128-bit
+  // halves; vpermd puts the dwords back in order)
+  const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+  for (k = 0; k + 32 <= K; k += 32) {
+    __m256i r[4];
+    for (int i = 0; i < 4; ++i) r[i] = quantize8(_mm256_loadu_ps(x + k + 8 * i), vs, vinv, fast);
+    const __m256i b = _mm256_packs_epi16(_mm256_packs_epi32(r[0], r[1]), _mm256_packs_epi32(r[2], r[3]));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + k), _mm256_permutevar8x32_epi32(b, order));
   }
+  for (; k < K; ++k) q[k] = quantize1(x[k], sx);
   return sx;
 }
 
-TERNARY_W8_AVX2 void w8_widen_row_scalar(const void* x, int kind, int64_t K, float* out) {
+TERNARY_W8_AVX2 void w8_widen_row_avx2(const void* x, int kind, int64_t K, float* out) {
   if (kind == 0) {
     std::memcpy(out, x, K * sizeof(float));
     return;
   }
   const uint16_t* h = static_cast<const uint16_t*>(x);
-  for (int64_t k = 0; k < K; ++k) {
-    if (kind == 1) {  // bf16: the high half of an fp32
+  int64_t k = 0;
+  for (; k + 8 <= K; k += 8) {
+    const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(h + k));
+    // bf16: the high half of an fp32
+    _mm256_storeu_ps(out + k, kind == 1 ? _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(v), 16))
+                                        : _mm256_cvtph_ps(v));
+  }
+  for (; k < K; ++k) {
+    if (kind == 1) {
       const uint32_t bits = static_cast<uint32_t>(h[k]) << 16;
       std::memcpy(out + k, &bits, 4);
     } else {
@@ -77,20 +136,44 @@ TERNARY_W8_AVX2 void w8_widen_row_scalar(const void* x, int kind, int64_t K, flo
   }
 }
 
-void w8_entries_row_scalar(const W8Plan& plan, const int8_t* q, int8_t* xe_row, int32_t* negsum_row) {
+// Width 64 (both AVX2 regimes): an entry's 64 columns (two ymm of q, zero past the segment) with
+// byte 16q + j taking column 4j + q: a 4 x 4 byte transpose in each 128-bit half (vpshufb: a
+// half's dword q holds its 4 values of j), then its dwords gathered across the halves (vpermd and
+// a blend); the segment's sum by vpmaddubsw / vpmaddwd against ones.
+TERNARY_W8_AVX2 void w8_entries_row_avx2(const W8Plan& plan, const int8_t* q, int8_t* xe_row, int32_t* negsum_row) {
+  const __m256i by_q = _mm256_setr_epi8(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15,  //
+                                        0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+  const __m256i a0 = _mm256_setr_epi32(0, 4, 0, 0, 1, 5, 0, 0), b0 = _mm256_setr_epi32(0, 0, 0, 4, 0, 0, 1, 5);
+  const __m256i a1 = _mm256_setr_epi32(2, 6, 0, 0, 3, 7, 0, 0), b1 = _mm256_setr_epi32(0, 0, 2, 6, 0, 0, 3, 7);
+  const __m256i iota = _mm256_setr_epi8(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21,
+                                        22, 23, 24, 25, 26, 27, 28, 29, 30, 31);
+  const __m256i ones8 = _mm256_set1_epi8(1), ones16 = _mm256_set1_epi16(1), k32 = _mm256_set1_epi8(32);
   for (size_t s = 0; s < plan.segments.size(); ++s) {
     const W8Segment& seg = plan.segments[s];
-    int32_t total = 0;
-    for (int64_t j = seg.j0; j < seg.j1; ++j) total += q[j];
-    negsum_row[s] = -total;
+    __m256i total = _mm256_setzero_si256();
     for (int64_t e = seg.e0; e < seg.e1; ++e) {
       const int64_t base = plan.entry_chunk[e] * kW8Chunk;
-      int8_t* dst = xe_row + e * kW8Chunk;
-      for (int t = 0; t < kW8Chunk; ++t) {  // byte 16q + j takes column 4j + q (the decoder's order)
-        const int64_t col = base + 4 * (t % 16) + t / 16;
-        dst[t] = col >= seg.j0 && col < seg.j1 ? q[col] : 0;
+      const int64_t lo = std::max<int64_t>(seg.j0 - base, 0), hi = std::min<int64_t>(seg.j1 - base, kW8Chunk);
+      __m256i A = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + base));
+      __m256i B = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + base + 32));
+      if (lo > 0 || hi < kW8Chunk) {  // columns [lo, hi) of the entry: (lo > t) false, (hi > t) true
+        const __m256i vlo = _mm256_set1_epi8(static_cast<char>(lo)), vhi = _mm256_set1_epi8(static_cast<char>(hi));
+        const __m256i tb = _mm256_add_epi8(iota, k32);
+        A = _mm256_and_si256(A, _mm256_andnot_si256(_mm256_cmpgt_epi8(vlo, iota), _mm256_cmpgt_epi8(vhi, iota)));
+        B = _mm256_and_si256(B, _mm256_andnot_si256(_mm256_cmpgt_epi8(vlo, tb), _mm256_cmpgt_epi8(vhi, tb)));
       }
+      const __m256i pairs = _mm256_add_epi16(_mm256_maddubs_epi16(ones8, A), _mm256_maddubs_epi16(ones8, B));
+      total = _mm256_add_epi32(total, _mm256_madd_epi16(pairs, ones16));
+      A = _mm256_shuffle_epi8(A, by_q);
+      B = _mm256_shuffle_epi8(B, by_q);
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(xe_row + e * kW8Chunk),
+                          _mm256_blend_epi32(_mm256_permutevar8x32_epi32(A, a0), _mm256_permutevar8x32_epi32(B, b0), 0xCC));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(xe_row + e * kW8Chunk + 32),
+                          _mm256_blend_epi32(_mm256_permutevar8x32_epi32(A, a1), _mm256_permutevar8x32_epi32(B, b1), 0xCC));
     }
+    const __m128i t4 = _mm_add_epi32(_mm256_castsi256_si128(total), _mm256_extracti128_si256(total, 1));
+    const __m128i t2 = _mm_add_epi32(t4, _mm_shuffle_epi32(t4, 0x4E));
+    negsum_row[s] = -_mm_cvtsi128_si32(_mm_add_epi32(t2, _mm_shuffle_epi32(t2, 0xB1)));
   }
 }
 
