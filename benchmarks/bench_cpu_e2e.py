@@ -138,7 +138,7 @@ def markdown(result: dict) -> str:
     for name, entry in result["models"].items():
         for variant in VARIANTS:
             r = entry.get(variant)
-            if r is None and variant == "ternary_w2a8":
+            if r is None and (variant == "ternary_w2a8" or variant in entry.get("not_run", [])):
                 continue
             if r is None:
                 lines.append(f"| {name} | {variant} | not measured: {entry.get('missing', '')} | | | | | |")
@@ -221,6 +221,9 @@ def main(argv=None) -> int:
     ap.add_argument("--models", nargs="+", default=["minilm", "qwen3"], choices=["minilm", "qwen3"])
     ap.add_argument("--conditions", default="", help="what else ran on the machine, for the report")
     ap.add_argument("--w2a8", action="store_true", help="also the ternary checkpoint in the W2A8 mode")
+    ap.add_argument("--variants", nargs="+", choices=VARIANTS[1:], default=None,
+                    help="the ternary variants run beside the bf16 original (default: ternary, and ternary_w2a8 "
+                         "with --w2a8); e.g. --variants ternary_w2a8 after a kernel change the other does not take")
     ap.add_argument("--name", default="cpu-e2e", help="file stem of the JSON and md (default cpu-e2e)")
     ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"],
                     help="every engine's dtype (float32: what a CPU without AVX512-BF16 should serve in)")
@@ -242,8 +245,11 @@ def main(argv=None) -> int:
         sfx = "-fp32" if args.dtype == "float32" else ""
         from ternary_plugin.activations import activation_overrides
 
-        variants = {"bf16": (src, False, None), "ternary": (dst, True, None)}
-        if args.w2a8:
+        wanted = args.variants or ["ternary"] + (["ternary_w2a8"] if args.w2a8 else [])
+        variants = {"bf16": (src, False, None)}
+        if "ternary" in wanted:
+            variants["ternary"] = (dst, True, None)
+        if "ternary_w2a8" in wanted:
             variants["ternary_w2a8"] = (dst, True, activation_overrides(dst, "int8"))
         runs: dict[str, list[dict]] = {v: [] for v in variants}
         for i in range(rounds[name]):  # in rounds: bf16, ternary, ternary_w2a8, then again
@@ -255,8 +261,9 @@ def main(argv=None) -> int:
             entry[f"{variant}_over_bf16"] = _ratios(entry, variant)
             if rounds[name] > 1:
                 entry[f"{variant}_over_bf16_by_round"] = _round_ratios(entry, variant)
+        entry["not_run"] = [v for v in VARIANTS if v not in variants]
         result["models"][name] = entry
-        print(name, entry["ternary_over_bf16"], flush=True)
+        print(name, {k: v for k, v in entry.items() if k.endswith("_over_bf16")}, flush=True)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / f"{args.name}.json").write_text(json.dumps(result, indent=1) + "\n")
     (args.out / f"{args.name}.md").write_text(markdown(result))
