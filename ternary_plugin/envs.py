@@ -63,8 +63,9 @@ REGISTRY: tuple[EnvVar, ...] = (
            "avx512_bf16 insists on AVX-512; anything else is an error naming the variable"),
     EnvVar("TERNARY_CPU_SMALL_M_MAX", int, None, "read",
            "CPU kernel (csrc/cpu/): largest M that streams the packed weights with codes decoded in registers "
-           "(default 2 for bf16, 32 for fp32/fp16, measured); above it weight tiles are decoded once (bf16: "
-           "TERNARY_CPU_BF16_TILE's kernels; fp32: multiplied by MKL); 0 always tiles"),
+           "(default 2 for bf16, 32 for fp32/fp16, 3 on the AVX2 code, measured); above it weight tiles are "
+           "decoded once (bf16: TERNARY_CPU_BF16_TILE's kernels; fp32: multiplied by MKL) or, on AVX2, "
+           "TERNARY_CPU_AVX2_GEMM's kernel runs; 0 always tiles"),
     EnvVar("TERNARY_CPU_BF16_TILE", str, "auto", "read",
            "CPU kernel, bf16 x past small M (csrc/cpu/ternary_cpu.cpp bf16_tile_kernel): where AMX runs, auto "
            "takes brgemm_kslice (a 64-row group x a K slice decoded and multiplied at once) to M 128, brgemm (our "
@@ -72,9 +73,10 @@ REGISTRY: tuple[EnvVar, ...] = (
            "from 1024, else pair (the pair-major vdpbf16ps kernel); pair, brgemm, brgemm_kslice or gemm forces "
            "one; anything else is an error naming the variable"),
     EnvVar("TERNARY_CPU_AVX2_GEMM", str, "auto", "read",
-           "CPU kernel, AVX2 code past small M (csrc/cpu/ternary_cpu.cpp avx2_gemm): the GEMM on each thread's "
-           "decoded fp32 tile; auto takes our kernel (tile_gemm_f32_avx2) to M 32 and MKL's (at::mm_out) past it, "
-           "dot or mm forces one; anything else is an error naming the variable"),
+           "CPU kernel, AVX2 code past small M (csrc/cpu/ternary_cpu.cpp avx2_gemm): auto and lut take the lookup "
+           "kernel (lut_rows_avx2: tables of x's sums indexed by the packed bytes, no decoded weights); dot and mm "
+           "decode fp32 tiles for our FMA kernel (tile_gemm_f32_avx2) or MKL's (at::mm_out); anything else is an "
+           "error naming the variable"),
     EnvVar("TERNARY_CPU_POISON", int, "0", "read",
            "1: the CPU ops' output buffers start as NaN (W2A8's int8 ones as -128), so tests see any element a "
            "kernel leaves unwritten"),

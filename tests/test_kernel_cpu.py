@@ -257,13 +257,15 @@ def test_both_regimes_everywhere(small_m_max):
 
 
 @needs_kernel_cpu
-@pytest.mark.parametrize("gemm", ["dot", "mm"])
-def test_both_avx2_gemms_everywhere(gemm):
-    """The AVX2 code's GEMM on its decoded fp32 tiles (TERNARY_CPU_AVX2_GEMM, read once per
-    process): our dot kernel (tile_gemm_f32_avx2, auto's to M 32: 3 x rows by 4 tile rows, K in
-    slices, x in chunks, tile rows not a multiple of 4 at N 1 / 17 / 33) and MKL's, each forced on every SHAPES
-    case in every dtype past small M (TERNARY_CPU_SMALL_M_MAX=0), the output poisoned. The AVX2
-    code runs on any CPU with AVX2 (TERNARY_CPU_ISA=avx2 on AVX-512 CPUs)."""
+@pytest.mark.parametrize("gemm", ["lut", "dot", "mm"])
+def test_every_avx2_gemm_everywhere(gemm):
+    """The AVX2 code past small M (TERNARY_CPU_AVX2_GEMM, read once per process): the lookup
+    kernel (lut_rows_avx2, auto's choice: x tiles of 16 rows and of <= 8 at M 1-8 and a last tile,
+    entries cut by scale blocks at k_offset 5 / 118 and block_size 2 / 33, chunks past K) and, on
+    decoded fp32 tiles, our dot kernel (tile_gemm_f32_avx2: 3 x rows by 4 tile rows, K in slices,
+    x in chunks, tile rows not a multiple of 4 at N 1 / 17 / 33) and MKL's, each forced on every
+    SHAPES case in every dtype past small M (TERNARY_CPU_SMALL_M_MAX=0), the output poisoned. The
+    AVX2 code runs on any CPU with AVX2 (TERNARY_CPU_ISA=avx2 on AVX-512 CPUs)."""
     proc = _run_subprocess(
         "import tests.test_kernel_cpu as t; t._check_shapes_here(); print('CHECKED')",
         TERNARY_CPU_ISA="avx2", TERNARY_CPU_AVX2_GEMM=gemm, TERNARY_CPU_SMALL_M_MAX="0", TERNARY_CPU_POISON="1",
@@ -277,7 +279,7 @@ def test_bad_avx2_gemm_request_is_named():
             "torch.ops.ternary_serve.gemm(torch.randn(64, 8), f.pack_ternary(torch.zeros(4, 8, dtype=torch.int8)),"
             " torch.ones(4, 1, dtype=torch.float16), None, 128, 0)")
     proc = _run_subprocess(code, TERNARY_CPU_ISA="avx2", TERNARY_CPU_AVX2_GEMM="blas")
-    assert proc.returncode != 0 and "TERNARY_CPU_AVX2_GEMM=blas: must be auto, dot or mm" in proc.stderr, (
+    assert proc.returncode != 0 and "TERNARY_CPU_AVX2_GEMM=blas: must be auto, lut, dot or mm" in proc.stderr, (
         proc.stderr[-2000:])
 
 

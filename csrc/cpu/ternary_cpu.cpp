@@ -13,7 +13,14 @@
 // layout vdpbf16ps multiplies (pair_rows_bf16, <= kPairTileBytes a thread) and every x row run
 // over it, a scale block at a time (ternary_cpu_kernels.cpp draws it).
 //
-// Large M otherwise (fp32 / fp16 x, AVX2, or bf16 x with scale blocks on odd columns): a tile of
+// Past small M on AVX2 (any x dtype, in fp32): no decoded weights at all. Each x tile of 16 rows
+// gets, per 32 columns of K, tables of its sums over every packed byte's 4 codes, and each W row
+// adds the entries its bytes name (lut_rows_avx2): an add per 4 weights and 16 x rows, where the
+// tile below multiplies each weight once per x row. x tiles spread over the threads (or W rows,
+// where the tiles are fewer than the threads).
+//
+// Large M otherwise (fp32 / fp16 x on AVX-512, or bf16 x with scale blocks on odd columns; AVX2
+// with TERNARY_CPU_AVX2_GEMM=dot|mm): a tile of
 // W rows x all of K dequantized with its scales (dequantize_rows_*) into a buffer of <= kTileBytes
 // a thread, multiplied by all of x with at::mm_out into y's columns (oneDNN's bf16 / MKL's fp32
 // GEMM). Either way the tiles spread over the threads: never a whole-layer or cached copy of W.
@@ -61,13 +68,15 @@ namespace {
 //   fp32 x  (ms, small-M kernel / tile + GEMM) gate_up: M 32 5.90 / 8.11, M 64 13.2 / 13.2; down:
 //           M 32 3.52 / 3.60, M 64 6.53 / 8.54; MiniLM up: M 32 0.59 / 0.67, M 64 1.31 / 1.12 (shared)
 // bf16: the pair-major kernel wins from M 3-4 on; fp32 loses past 32 (MKL's fp32 GEMM is further
-// from its peak). The AVX2 code (x in fp32 whatever its dtype) loses earlier: on an AVX2-only AMD
-// EPYC Zen 3 the tile + MKL GEMM was 1.05-1.49x faster than the small-M kernel at M 16-32 on every
-// MiniLM and Qwen3-0.6B layer and level with it at M 12 (benchmarks/results/cpu-kernel-avx2-zen3.md).
+// from its peak). The AVX2 code (x in fp32 whatever its dtype) loses earlier: on the AVX2-only
+// AMD EPYC Zen 3 (1 thread, min of repeated calls, ms small-M kernel / lookup kernel) Qwen3-0.6B
+// gate_up M 3 1.00 / 0.95, M 4 1.30 / 0.95, M 8 1.85 / 0.97; o M 3 0.33 / 0.35, M 4 0.47 / 0.35;
+// down M 3 0.49 / 0.52, M 4 0.69 / 0.52; MiniLM up M 3 0.106 / 0.100, M 4 0.132 / 0.101: the
+// lookups' x tile is 8 rows wide from M 1, so they cost the same at M 1-8.
 // TERNARY_CPU_SMALL_M_MAX (read once per process) overrides all three.
 constexpr int64_t kSmallMMaxBf16 = 2;
 constexpr int64_t kSmallMMaxF32 = 32;
-constexpr int64_t kSmallMMaxAvx2 = 12;
+constexpr int64_t kSmallMMaxAvx2 = 3;
 // The pair-major tile's bytes a thread: half of Zen 4's 1 MB L2, x's block taking a quarter.
 constexpr int64_t kPairTileBytes = 512 * 1024;
 // The large-M tile's dequantized bytes a thread: about one L2 (1 MB a core on Zen 4), its rows
@@ -118,17 +127,17 @@ int64_t small_m_max(bool bf16, bool avx2) {
   return forced >= 0 ? forced : avx2 ? kSmallMMaxAvx2 : bf16 ? kSmallMMaxBf16 : kSmallMMaxF32;
 }
 
-// The AVX2 code's GEMM past small M, on each thread's decoded fp32 tile: "dot" (tile_gemm_f32_avx2:
-// 3 x rows x 4 tile rows of 8-lane sums, no packing) to kAvx2DotMaxM rows, "mm" past it (at::mm_out:
-// MKL, which packs the tile it was just given, and then runs nearer the FMA peak). On the AVX2-only
-// AMD EPYC Zen 3 (benchmarks/results/cpu-kernel-avx2-dot-zen3.md, 1 thread, ms dot / mm): MiniLM qkv
-// M 12 0.22 / 0.34, M 32 0.58 / 0.87, M 128 1.49 / 1.63; up M 32 0.62 / 0.70, M 128 2.88 / 1.97;
-// Qwen3-0.6B gate_up M 12 3.47 / 4.66, M 48 11.4 / 9.5, M 512 95 / 76.
-// TERNARY_CPU_AVX2_GEMM=auto|dot|mm, read once per process, forces one.
-constexpr int64_t kAvx2DotMaxM = 32;
-std::string avx2_gemm(int64_t M) {
-  static const std::string forced = env_choice("TERNARY_CPU_AVX2_GEMM", {"auto", "dot", "mm"});
-  return forced != "auto" ? forced : M <= kAvx2DotMaxM ? "dot" : "mm";
+// The AVX2 code past small M: "lut" (lut_rows_avx2: each W row's packed bytes index tables of x's
+// sums, one add per 4 weights and 16 x rows, no decoded tile) by default; or, on each thread's
+// decoded fp32 tile, "dot" (tile_gemm_f32_avx2: 3 x rows x 4 tile rows of 8-lane sums, no packing)
+// or "mm" (at::mm_out: MKL, which packs the tile it was just given, and then runs nearer the FMA
+// peak). The FMA GEMMs are bound by the FMA's rate; the lookups do a quarter of the adds. On the
+// AVX2-only AMD EPYC Zen 3 (benchmarks/results/cpu-kernel-avx2-lut-zen3.md, 1 thread), see there
+// for ms lut / dot / mm per layer. TERNARY_CPU_AVX2_GEMM=auto|lut|dot|mm, read once per process,
+// forces one (auto: lut).
+std::string avx2_gemm() {
+  static const std::string forced = env_choice("TERNARY_CPU_AVX2_GEMM", {"auto", "lut", "dot", "mm"});
+  return forced == "auto" ? "lut" : forced;
 }
 
 // bf16 x past small M, on AVX-512 (ternary_cpu.cpp's regimes above): "pair" (the pair-major
@@ -277,7 +286,9 @@ int64_t balanced_tile_rows(int64_t N, int64_t fit, int64_t threads, int64_t mult
 // and tail (each bounded by the tile constants above or by N / ldp) and, below kScratchMaxBytes
 // each, the W2A8 op's x buffers (call_buffer); never y.
 enum ScratchSlot {
-  kSlotTile, kSlotTileScales, kSlotC,  // a worker's: its decoded tile, the tile's scales, a brgemm call's C
+  // a worker's: its decoded tile, the tile's scales, a brgemm call's C (the AVX2 lookups: their
+  // tables, the x tile, the rows' sums)
+  kSlotTile, kSlotTileScales, kSlotC,
   kSlotBias, kSlotTail,                // the caller's: bias in fp32, the packed rows' tail copy
   kSlotX, kSlotXScales, kSlotXSums,    // the caller's, W2A8: x quantized (or by entries), sx, negsum
   kSlotRowData,                        // the caller's, W2A8 on AMX: each W row's correction and scale
@@ -626,6 +637,31 @@ torch::Tensor gemm_cpu(const torch::Tensor& x,                  // [M, K] fp32 /
     return y;
   }
 
+  if (avx2 && avx2_gemm() == "lut") {
+    const W8Plan lplan = make_w8_plan(K, block_size, k_offset, kLutWidth);
+    const int64_t tiles = (M + 15) / 16;
+    const auto xf = x.to(at::kFloat).contiguous();  // [M, K]
+    const auto yf = dt == at::kFloat ? y : torch::empty({M, N}, x.options().dtype(at::kFloat));  // [M, N] fp32
+    // A work item: one x tile over W rows [n0, n0 + span). N is split only where the tiles are
+    // fewer than the threads: each item builds its tables once per entry, for all its rows.
+    const int64_t threads = at::get_num_threads();
+    const int64_t splits = std::min<int64_t>((threads + tiles - 1) / tiles, (N + 15) / 16);
+    const int64_t span = (N + splits - 1) / splits;
+    at::parallel_for(0, tiles * splits, 1, [&](int64_t i0, int64_t i1) {
+      float* tab = scratch<float>(kSlotTile, lut_table_floats());  // this thread's tables
+      float* acc = scratch<float>(kSlotC, span * 16);              // [span, 16] its rows' sums
+      float* xt = scratch<float>(kSlotTileScales, kc * 16);        // [kc, 16] its x tile, transposed
+      for (int64_t i = i0; i < i1; ++i) {
+        const int64_t t = i / splits, n0 = i % splits * span, n1 = std::min(N, n0 + span);
+        if (n0 < n1)
+          lut_rows_avx2(p, lplan, xf.data_ptr<float>() + 16 * t * K, K, std::min<int64_t>(16, M - 16 * t), n0, n1, xt,
+                        tab, acc, yf.data_ptr<float>() + 16 * t * N);
+      }
+    });
+    if (dt != at::kFloat) y.copy_(yf);
+    return y;
+  }
+
   // fp16 x multiplies in fp32: oneDNN's fp16 GEMM wants AVX512-FP16, and bf16 would round x.
   // So does bf16 x on AVX2. `widen`: x, y and bias in fp32 around the GEMM.
   const auto cdt = bf16 ? at::kBFloat16 : at::kFloat;
@@ -633,7 +669,7 @@ torch::Tensor gemm_cpu(const torch::Tensor& x,                  // [M, K] fp32 /
   // The AVX2 code's own GEMM (`dot`) reads x zero-padded to kc columns in fp32 (xd), the whole
   // tile row and p.bias; at::mm_out reads x in the GEMM's dtype (xc), the tile's first K columns
   // and bias as a tensor (bc).
-  const bool dot = avx2 && avx2_gemm(M) == "dot";
+  const bool dot = avx2 && avx2_gemm() == "dot";
   const torch::Tensor xd = dot ? x_as(x, kc, at::kFloat) : torch::Tensor();                   // [M, kc]
   const torch::Tensor xc = dot ? torch::Tensor() : x.to(cdt);                                  // [M, K]
   const torch::Tensor yc = widen ? torch::empty({M, N}, x.options().dtype(at::kFloat)) : y;     // [M, N]

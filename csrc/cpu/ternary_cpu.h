@@ -218,6 +218,19 @@ void dequantize_rows_f32_avx2(const Problem& p, int64_t n0, int64_t rows, float*
 // tile (TERNARY_CPU_AVX2_GEMM). bias: nt fp32 or nullptr.
 void tile_gemm_f32_avx2(const float* x, int64_t ldx, int64_t M, const float* tile, int64_t ldt, int64_t nt,
                         int64_t kc, const float* bias, float* y, int64_t ldy);
+// Past small M on AVX2 (TERNARY_CPU_AVX2_GEMM=lut, auto's choice): table lookups in place of
+// multiplies. For a tile of up to 16 x rows and each entry of `plan` (make_w8_plan at width
+// kLutWidth: 32 columns of K inside one scale block, x zero outside it), every group of 4 columns
+// gets a table of its 81 sums of +-x or 0 (one fp32 lane per x row) indexed by a packed byte, and
+// each W row adds the 8 entries its bytes name, then scale * that sum to its accumulator.
+//   x: the tile's rows of x in fp32 (ldx apart); rows: 1 .. 16 (at most 8 run 8 lanes wide);
+//   W rows [n0, n1); xt: [32 ceil(K / 32), 16] fp32, the tile transposed here (zero past rows and
+//   K); tab: lut_table_floats() fp32, 64-byte aligned; acc: [(n1 - n0) * 16] fp32, 32-byte
+//   aligned; y: the tile's first row of [M, N] fp32, bias added
+constexpr int64_t kLutWidth = 32;
+void lut_rows_avx2(const Problem& p, const W8Plan& plan, const float* x, int64_t ldx, int64_t rows, int64_t n0,
+                   int64_t n1, float* xt, float* tab, float* acc, float* y);
+int64_t lut_table_floats();
 #endif
 
 }  // namespace ternary_cpu

@@ -20,7 +20,14 @@
 // busy where 8 left the FMA's latency exposed. A chunk's 4 groups run as a rolled loop over its
 // 2 dwords (2 groups each): 1.1x faster at M 1-4 on Zen 3 than the chunk fully unrolled, where
 // gcc's register allocation moved and spilled sums inside the loop.
-// Large M: dequantize_rows_f32_avx2 writes an fp32 tile for ternary_cpu.cpp's fp32 GEMM.
+// Past small M: table lookups (lut_rows_avx2, at the end of this file; the idea of T-MAC and of
+// bitnet.cpp's TL kernels, in fp32 here so that the numerics stay the fp32 mode's). A packed byte
+// holds 4 codes: for 4 columns of x, the 81 sums of +-x or 0 over them, one per byte without code
+// 11, are built once per x tile and looked up by every W row: one vaddps of 8 x rows covers 4
+// weights, where an FMA covers one. On Zen 3 the lookups run ~0.7-0.9 a cycle (the dependent
+// index -> table load, not the adds, bounds them), 1.3-2.2x the FMA tile GEMMs below. Those (an
+// fp32 tile from dequantize_rows_f32_avx2 for tile_gemm_f32_avx2 or MKL) stay behind
+// TERNARY_CPU_AVX2_GEMM=dot|mm.
 
 #include "ternary_cpu.h"
 #include "ternary_cpu_tiles.h"
@@ -242,6 +249,106 @@ TERNARY_AVX2 void tile_gemm_f32_avx2(const float* x, int64_t ldx, int64_t M, con
     }
   }
 }
+
+namespace {
+
+// The lookup kernel's tables: for each of the kLutGroups groups of 4 columns of an entry, an entry
+// of T fp32 lanes (the tile's x rows) for every value of a packed byte, at byte * T floats; groups
+// kLutGroupFloats apart (256 x 16 lanes and 64 bytes more, so that the groups' entries for the same
+// byte do not share L1 sets). Only the 81 bytes without the reserved code 11 are written: a byte's
+// codes 11 read as 00 (lut_codes), as format.unpack_ternary reads them.
+constexpr int kLutGroups = static_cast<int>(kLutWidth / 4);
+constexpr int64_t kLutGroupFloats = 256 * 16 + 16;
+
+// The 8 packed bytes of a row's 32 columns with every reserved code 11 made 00.
+inline uint64_t lut_codes(const uint8_t* bytes) {
+  uint64_t q;
+  std::memcpy(&q, bytes, 8);
+  const uint64_t both = q & (q >> 1) & 0x5555555555555555ull;  // bit 2i: code i is 11
+  return q & ~(both | (both << 1));
+}
+
+// The tables of chunk c for x columns [a0, a1) (local, inside the chunk; x is zero elsewhere) of
+// the tile xt ([kc, 16] fp32). Entry byte b of group g: sum over its 4 codes i of value(code) *
+// x[4g + i], in two steps: the 9 sums of columns 0-1 and of columns 2-3, then their 81 sums.
+template <int T>
+TERNARY_AVX2 void lut_build(const float* xt, int64_t c, int64_t a0, int64_t a1, float* tab) {
+  constexpr int V = T / 8;
+  const __m256 zero = _mm256_setzero_ps();
+  for (int g = 0; g < kLutGroups; ++g) {
+    __m256 val[4][3][V];  // column j: value(code) * x for codes 00, 01, 10
+    for (int j = 0; j < 4; ++j) {
+      const int64_t col = c * kLutWidth + 4 * g + j;
+      for (int v = 0; v < V; ++v) {
+        const __m256 xv = col >= a0 && col < a1 ? _mm256_load_ps(xt + col * 16 + 8 * v) : zero;
+        val[j][0][v] = zero;
+        val[j][1][v] = xv;
+        val[j][2][v] = _mm256_sub_ps(zero, xv);
+      }
+    }
+    __m256 lo[9][V], hi[9][V];  // [code0 + 3 code1]: columns 0-1; [code2 + 3 code3]: columns 2-3
+    for (int a = 0; a < 3; ++a)
+      for (int b = 0; b < 3; ++b)
+        for (int v = 0; v < V; ++v) {
+          lo[a + 3 * b][v] = _mm256_add_ps(val[0][a][v], val[1][b][v]);
+          hi[a + 3 * b][v] = _mm256_add_ps(val[2][a][v], val[3][b][v]);
+        }
+    float* tg = tab + g * kLutGroupFloats;
+    for (int l = 0; l < 9; ++l)
+      for (int h = 0; h < 9; ++h) {
+        const int byte = (l % 3) | (l / 3) << 2 | (h % 3) << 4 | (h / 3) << 6;
+        for (int v = 0; v < V; ++v) _mm256_store_ps(tg + byte * T + 8 * v, _mm256_add_ps(lo[l][v], hi[h][v]));
+      }
+  }
+}
+
+// acc[n - n0] += scale[n, block] * (the 8 lookups of row n's bytes of chunk c), T lanes a row.
+template <int T>
+TERNARY_AVX2 void lut_rows(const Problem& p, int64_t c, int64_t block, const float* tab, int64_t n0, int64_t n1,
+                           float* acc) {
+  constexpr int V = T / 8;
+  for (int64_t n = n0; n < n1; ++n) {
+    const uint64_t q = lut_codes(p.row(n) + 8 * c);
+    __m256 sum[V][2];  // two chains a lane group
+    for (int v = 0; v < V; ++v) sum[v][0] = sum[v][1] = _mm256_setzero_ps();
+#pragma GCC unroll 8
+    for (int g = 0; g < kLutGroups; ++g) {
+      const float* e = tab + g * kLutGroupFloats + ((q >> (8 * g)) & 0xFF) * T;
+      for (int v = 0; v < V; ++v) sum[v][g & 1] = _mm256_add_ps(sum[v][g & 1], _mm256_load_ps(e + 8 * v));
+    }
+    const __m256 s = _mm256_set1_ps(tiles::half_to_float(p.scale[n * p.lds + block]));
+    float* a = acc + (n - n0) * T;
+    for (int v = 0; v < V; ++v)
+      _mm256_store_ps(a + 8 * v, _mm256_fmadd_ps(s, _mm256_add_ps(sum[v][0], sum[v][1]), _mm256_load_ps(a + 8 * v)));
+  }
+}
+
+template <int T>
+TERNARY_AVX2 void lut_tile(const Problem& p, const W8Plan& plan, const float* x, int64_t ldx, int64_t rows,
+                           int64_t n0, int64_t n1, float* xt, float* tab, float* acc, float* y) {
+  const int64_t kc = plan.chunks * kLutWidth;
+  for (int64_t k = 0; k < kc; ++k)
+    for (int64_t i = 0; i < 16; ++i) xt[k * 16 + i] = i < rows && k < p.K ? x[i * ldx + k] : 0.f;
+  std::memset(acc, 0, (n1 - n0) * T * sizeof(float));
+  for (const W8Segment& seg : plan.segments)
+    for (int64_t e = seg.e0; e < seg.e1; ++e) {
+      const int64_t c = plan.entry_chunk[e];
+      lut_build<T>(xt, c, seg.j0, seg.j1, tab);
+      lut_rows<T>(p, c, seg.block, tab, n0, n1, acc);
+    }
+  for (int64_t i = 0; i < rows; ++i)
+    for (int64_t n = n0; n < n1; ++n) y[i * p.N + n] = acc[(n - n0) * T + i] + (p.bias ? p.bias[n] : 0.f);
+}
+
+}  // namespace
+
+void lut_rows_avx2(const Problem& p, const W8Plan& plan, const float* x, int64_t ldx, int64_t rows, int64_t n0,
+                   int64_t n1, float* xt, float* tab, float* acc, float* y) {
+  if (rows <= 8) lut_tile<8>(p, plan, x, ldx, rows, n0, n1, xt, tab, acc, y);
+  else lut_tile<16>(p, plan, x, ldx, rows, n0, n1, xt, tab, acc, y);
+}
+
+int64_t lut_table_floats() { return kLutGroups * kLutGroupFloats; }
 
 #else  // not x86-64
 
