@@ -17,6 +17,8 @@
 #                                                   # with .whl) and this checkout's, timed in one call
 #   bash benchmarks/gpu/gpu_e2e_run.sh setup s8_ab band_only   # then bench_band alone (BAND_ARGS)
 #   bash benchmarks/gpu/gpu_e2e_run.sh setup band_only gpu_tests  # then every kernel GPU test (not vLLM's)
+#   bash benchmarks/gpu/gpu_e2e_run.sh setup band_grid     # every tiling of our bf16 kernels forced where the
+#                                                   # op loses (band_grid.py; GRID_ARGS; carry .whl)
 #   bash benchmarks/gpu/gpu_e2e_run.sh setup s8_grid       # the s8 kernel at every k_split (s8_grid.py; carry .whl)
 #   ORDER="mma floor" bash benchmarks/probes/run_probes.sh  # kernels alone, outside torch (seconds; no setup)
 #   bash benchmarks/gpu/gpu_e2e_run.sh setup humming_gemv  # the kernel over Humming's layout (band HG): tests,
@@ -265,6 +267,15 @@ stage_band_only() {
     ${BAND_ARGS:---models 8B 0.6B --ms 64 256 1024 4096 16384} > "$LOGS/bench_band.log" 2>&1 \
     || tail -30 "$LOGS/bench_band.log"
   grep -E "^8B|^0.6B" "$LOGS/bench_band.log" | tail -30
+}
+
+# Every tiling of our bf16-activation kernels forced, beside the op and cuBLAS, where the op loses
+# (benchmarks/probes/band_grid.py; GRID_ARGS, default 0.6B at M 64-1024): $OUT/band-grid-<gpu>.json
+stage_band_grid() {
+  local gpu; gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | grep -oE "H100|H200" | tr A-Z a-z)
+  timeout ${GRID_TIMEOUT:-240} python3 benchmarks/probes/band_grid.py ${GRID_ARGS:-} \
+    --json "$OUT/band-grid-${gpu:-gpu}.json" > "$LOGS/band_grid.log" 2>&1 || tail -30 "$LOGS/band_grid.log"
+  grep -E "^(qkv|o|gate_up|down) |^per layer" "$LOGS/band_grid.log"
 }
 
 # Every GPU test of the kernels and backends outside vLLM (the graph tests inside vLLM: e2e8b_serve),
