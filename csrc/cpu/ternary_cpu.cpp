@@ -132,9 +132,11 @@ int64_t small_m_max(bool bf16, bool avx2) {
 // decoded fp32 tile, "dot" (tile_gemm_f32_avx2: 3 x rows x 4 tile rows of 8-lane sums, no packing)
 // or "mm" (at::mm_out: MKL, which packs the tile it was just given, and then runs nearer the FMA
 // peak). The FMA GEMMs are bound by the FMA's rate; the lookups do a quarter of the adds. On the
-// AVX2-only AMD EPYC Zen 3 (benchmarks/results/cpu-kernel-avx2-lut-zen3.md, 1 thread), see there
-// for ms lut / dot / mm per layer. TERNARY_CPU_AVX2_GEMM=auto|lut|dot|mm, read once per process,
-// forces one (auto: lut).
+// AVX2-only AMD EPYC Zen 3 (1 thread, min of repeated calls, ms lut / best of dot and mm): MiniLM
+// up M 16 0.167 / 0.314, M 512 5.25 / 6.95; Qwen3-0.6B gate_up M 16 1.55 / 3.48, M 512 50.7 /
+// 74.8; o M 512 18.3 / 26.4; down M 512 27.6 / 40.4 (the benchmark against torch:
+// benchmarks/results/cpu-kernel-avx2-lut-zen3.md). TERNARY_CPU_AVX2_GEMM=auto|lut|dot|mm, read
+// once per process, forces one (auto: lut).
 std::string avx2_gemm() {
   static const std::string forced = env_choice("TERNARY_CPU_AVX2_GEMM", {"auto", "lut", "dot", "mm"});
   return forced == "auto" ? "lut" : forced;
@@ -550,10 +552,11 @@ torch::Tensor gemm_cpu(const torch::Tensor& x,                  // [M, K] fp32 /
   const bool small = M <= small_m_max(bf16, avx2);
   const std::string tile_kernel = bf16 && !small ? bf16_tile(M) : std::string();
   // the segmentation of K: what the small-M kernels and the dequantizing tiles read (the VNNI and
-  // pair-major tiles have their own plans)
+  // pair-major tiles and the AVX2 lookups have their own plans)
   const bool pair = tile_kernel == "pair" && k_offset % 2 == 0 && block_size % 2 == 0;
   const bool vnni = tile_kernel == "brgemm" || tile_kernel == "brgemm_kslice";
-  const Plan plan = small || (!vnni && !pair) ? make_plan(K, block_size, k_offset) : Plan();
+  const bool lut = avx2 && !small && avx2_gemm() == "lut";
+  const Plan plan = small || (!vnni && !pair && !lut) ? make_plan(K, block_size, k_offset) : Plan();
   const Problem p{M,
                   N,
                   K,
@@ -637,7 +640,7 @@ torch::Tensor gemm_cpu(const torch::Tensor& x,                  // [M, K] fp32 /
     return y;
   }
 
-  if (avx2 && avx2_gemm() == "lut") {
+  if (lut) {
     const W8Plan lplan = make_w8_plan(K, block_size, k_offset, kLutWidth);
     const int64_t tiles = (M + 15) / 16;
     const auto xf = x.to(at::kFloat).contiguous();  // [M, K]
