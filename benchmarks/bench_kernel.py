@@ -100,6 +100,18 @@ def random_layers(n: int, k: int, copies: int, g: torch.Generator, bs: int = 128
     return packs, scales
 
 
+def grid_layer_inputs(k: int, n: int, m: int, l2: int) -> tuple[list, list, list]:
+    """A probe's rotated inputs for one (layer, M): random_layers past twice the L2 (at most 32
+    copies) and up to 4 bf16 x [M, K], all from a generator seeded by k + n + m."""
+    from ternary_plugin import format as fmt
+
+    g = torch.Generator(device="cuda").manual_seed(k + n + m)
+    copies = min(rotating_copies(l2, n * fmt.packed_cols(k) + n * fmt.scale_cols(k) * 2 + m * k * 2), 32)
+    packs, scales = random_layers(n, k, copies, g)
+    xs = [torch.randn(m, k, device="cuda", generator=g).to(torch.bfloat16) for _ in range(min(copies, 4))]
+    return packs, scales, xs
+
+
 def bench_shape(name, k, n, m, l2_bytes, replays, bs=128):
     from ternary_plugin import format as fmt
 

@@ -20,7 +20,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from benchmarks.bench_band import MODELS  # noqa: E402
-from benchmarks.bench_kernel import random_layers, rotating_copies, time_graph  # noqa: E402
+from benchmarks.bench_kernel import grid_layer_inputs, time_graph  # noqa: E402
 
 WGMMA, TILED, MMA, DEQUANT = 5, 4, 2, 3
 CONFIGS = ([("wgmma", WGMMA, dict(rows_per_cta=128, tokens_per_cta=t, k_split=s)) for t in (128, 256)
@@ -37,12 +37,9 @@ def _timed(calls) -> float:
 def layer_row(layer: str, k: int, n: int, m: int, l2: int) -> dict:
     from ternary_plugin import format as fmt
 
-    g = torch.Generator(device="cuda").manual_seed(k + n + m)
-    copies = min(rotating_copies(l2, n * fmt.packed_cols(k) + n * fmt.scale_cols(k) * 2 + m * k * 2), 32)
-    packs, scales = random_layers(n, k, copies, g)
-    xs = [torch.randn(m, k, device="cuda", generator=g).to(torch.bfloat16) for _ in range(min(copies, 4))]
+    packs, scales, xs = grid_layer_inputs(k, n, m, l2)
     ws = [fmt.dequantize_ternary(packs[i][:, : fmt.packed_cols(k)], scales[i], k, 128, dtype=torch.bfloat16)
-          for i in range(min(copies, 8))]
+          for i in range(min(len(packs), 8))]
     ref = xs[0].double() @ ws[0].double().t()
     row = {"layer": layer, "M": m, "K": k, "N": n}
     op = torch.ops.ternary_serve.gemm

@@ -20,7 +20,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from benchmarks.bench_band import MODELS  # noqa: E402
-from benchmarks.bench_kernel import random_layers, rotating_copies, time_graph  # noqa: E402
+from benchmarks.bench_kernel import grid_layer_inputs, time_graph  # noqa: E402
 
 SPLITS = (0, 1, 2, 4, 8)  # 0: the kernel's own choice
 
@@ -39,10 +39,7 @@ def timed_s8(xs, packs, scales, **kw) -> float | None:
 def layer_row(layer: str, k: int, n: int, m: int, l2: int) -> dict:
     from ternary_plugin import format as fmt
 
-    g = torch.Generator(device="cuda").manual_seed(k + n + m)
-    copies = min(rotating_copies(l2, n * fmt.packed_cols(k) + n * fmt.scale_cols(k) * 2 + m * k * 2), 32)
-    packs, scales = random_layers(n, k, copies, g)
-    xs = [torch.randn(m, k, device="cuda", generator=g).to(torch.bfloat16) for _ in range(min(copies, 4))]
+    packs, scales, xs = grid_layer_inputs(k, n, m, l2)
     row = {"layer": layer, "M": m, "K": k, "N": n, "steps": -(-k // 128)}
     for s in SPLITS:
         row[f"split{s}_us"] = timed_s8(xs, packs, scales, k_split=s)
@@ -51,7 +48,7 @@ def layer_row(layer: str, k: int, n: int, m: int, l2: int) -> dict:
     row["quantize_us"] = round(time_graph([lambda i=i: q(xs[i % len(xs)]) for i in range(4)], 20), 3)
     if m >= 16:
         ws = [fmt.dequantize_ternary(packs[i][:, : fmt.packed_cols(k)], scales[i], k, 128, dtype=torch.bfloat16)
-              for i in range(min(copies, 8))]
+              for i in range(min(len(packs), 8))]
         row["cublas_bf16_us"] = round(time_graph([lambda i=i: torch.mm(xs[i % len(xs)], ws[i].t())
                                                   for i in range(len(ws))], 20), 3)
     times = {key: v for key, v in row.items() if key.startswith(("split", "rows")) and v is not None}
